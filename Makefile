@@ -1,0 +1,29 @@
+# Every target that needs the environment builds it first, so each one works on a fresh machine.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install samples serve stop test clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+samples: $(STAMP)
+	$(BIN)/python samples/build_all.py
+
+serve: samples
+	$(BIN)/mservd start --ts-config config.properties --models all
+
+stop: $(STAMP)
+	$(BIN)/mservd stop
+
+test: samples
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf model_store/*.mar logs
