@@ -1,0 +1,919 @@
+"""Server and per-model settings: where every value comes from, and its one precedence order.
+
+This module owns the daemon's settings. :func:`load` resolves server settings as
+defaults → ``config.properties`` → ``TS_<KEY>`` environment variables (only when
+``enable_envvars_config`` is on) → command-line overrides, and returns one frozen
+:class:`Settings`. :func:`resolve_model_settings` resolves one model version's settings as
+defaults → the ``models=`` block of ``config.properties`` → the archive's
+``model-config.yaml`` → the management API call, and returns one frozen :class:`ModelSettings`.
+
+Both collect every problem before raising one :class:`ConfigError`, so a user fixes a file in
+one pass. Each :class:`Settings` field declares its ``config.properties`` key and doc in its
+``metadata``; that is the only list of keys (:func:`describe_settings` renders it for ``--help``).
+
+It must not keep state: no module-level settings object, no caching. ``Settings`` is passed
+explicitly to whoever needs it. It does no IO beyond reading the files it is named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import types
+import typing
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ConfigError",
+    "ModelSettings",
+    "Settings",
+    "describe_settings",
+    "load",
+    "parse_address",
+    "parse_properties",
+    "read_model_yaml",
+    "resolve_model_settings",
+]
+
+
+class ConfigError(Exception):
+    """Settings that cannot be used, every bad key listed at once.
+
+    :param problems: one line per bad key, each naming the key (and where it came from when that
+        is not ``config.properties``), the value and what is valid.
+    :param title: the first line of the message.
+    """
+
+    def __init__(self, problems: Sequence[str], *, title: str = "Invalid configuration") -> None:
+        self.problems: list[str] = list(problems)
+        self.title = title
+        super().__init__(f"{title}:\n" + "\n".join(f"  {p}" for p in self.problems))
+
+
+# --- value conversion ---------------------------------------------------------------------
+# A converter takes a raw value (a string from a file or the environment, or an already typed
+# value from the command line or JSON/YAML) and returns the typed value, or raises ValueError
+# whose message completes the line "<key>: <message>".
+
+Convert = Callable[[Any], Any]
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"{value!r} is not an integer")
+
+
+def _to_float(value: Any) -> float:
+    result: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        result = float(value)
+    elif isinstance(value, str):
+        try:
+            result = float(value.strip())
+        except ValueError:
+            pass
+    if result is None or not math.isfinite(result):
+        raise ValueError(f"{value!r} is not a number")
+    return result
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"{value!r} is not a boolean (use true or false)")
+
+
+def _to_str(value: Any) -> str:
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str):
+        return value.strip()
+    raise ValueError(f"{value!r} is not a string")
+
+
+def _to_str_tuple(value: Any) -> tuple[str, ...]:
+    """A comma-separated list (TorchServe's list syntax) or a sequence of strings."""
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        items = list(value)
+    else:
+        raise ValueError(f"{value!r} is not a comma-separated list")
+    return tuple(item.strip() for item in items if item.strip())
+
+
+def _to_json_object(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"invalid JSON: {exc}") from None
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise ValueError(f"must be a JSON object, got {type(value).__name__}")
+
+
+def _optional(convert: Convert) -> Convert:
+    """An empty value means "not set" (``number_of_gpu=`` leaves GPU detection on)."""
+
+    def optional(value: Any) -> Any:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        return convert(value)
+
+    return optional
+
+
+def _converter_for(hint: Any) -> Convert:
+    """The converter for a Settings field's declared type; parsing follows the type."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return _optional(_converter_for(inner))
+    if hint is bool:
+        return _to_bool
+    if hint is int:
+        return _to_int
+    if hint is float:
+        return _to_float
+    if hint is str:
+        return _to_str
+    if origin is tuple:
+        return _to_str_tuple
+    if origin in (dict, Mapping) or hint is dict:
+        return _to_json_object
+    raise TypeError(f"no converter for settings type {hint!r}")
+
+
+# --- checks on converted values -------------------------------------------------------------
+# A check takes the converted value and returns it (possibly normalised) or raises ValueError.
+
+
+def _at_least(minimum: float) -> Convert:
+    def at_least(value: Any) -> Any:
+        if value is not None and value < minimum:
+            raise ValueError(f"{value!r} must be >= {minimum}")
+        return value
+
+    return at_least
+
+
+def _above(minimum: float) -> Convert:
+    def above(value: Any) -> Any:
+        if value is not None and value <= minimum:
+            raise ValueError(f"{value!r} must be > {minimum}")
+        return value
+
+    return above
+
+
+def _port(value: int) -> int:
+    if not 0 <= value <= 65535:
+        raise ValueError(f"{value!r} is not a port (0-65535; 0 picks a free port)")
+    return value
+
+
+def _one_of(*choices: str, upper: bool = False) -> Convert:
+    def one_of(value: str) -> str:
+        normal = value.upper() if upper else value.lower()
+        if normal not in choices:
+            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+        return normal
+
+    return one_of
+
+
+def parse_address(address: str) -> tuple[str, str, int]:
+    """Split an ``http(s)://host:port`` address into ``(scheme, host, port)``.
+
+    The frontends bind what this returns; port 0 asks the OS for a free port. IPv6 hosts are
+    written in brackets (``http://[::1]:8080``) and returned without them.
+
+    :raises ValueError: the address is not ``http(s)://host:port``; the message says so.
+    """
+    bad = ValueError(f"{address!r} is not an http(s)://host:port address (port 0-65535)")
+    try:
+        parts = urllib.parse.urlsplit(address)
+        port = parts.port
+    except ValueError:
+        raise bad from None
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or port is None
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or parts.username is not None
+    ):
+        raise bad
+    return parts.scheme, parts.hostname, port
+
+
+def _address(value: str) -> str:
+    parse_address(value)
+    return value
+
+
+def _regex_list(value: tuple[str, ...]) -> tuple[str, ...]:
+    for pattern in value:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{pattern!r} is not a valid regular expression: {exc}") from None
+    return value
+
+
+def _load_models(value: tuple[str, ...]) -> tuple[str, ...]:
+    # TorchServe images ship "load_models=standalone"; it means nothing to load.
+    if len(value) == 1 and value[0].lower() == "standalone":
+        return ()
+    return value
+
+
+class _Problems(ValueError):
+    """Several problems in one value (the ``models=`` block), reported one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def _models_block(value: dict[str, Any]) -> dict[str, Any]:
+    """The ``models=`` block must be {name: {version: {setting: value}}}; values are checked too,
+    so a bad entry is reported at start-up rather than when the model loads."""
+    problems: list[str] = []
+    for name, versions in value.items():
+        if not isinstance(versions, Mapping):
+            kind = type(versions).__name__
+            problems.append(f"model {name!r} must be an object of versions, got {kind}")
+            continue
+        for version, entry in versions.items():
+            where = f"model {name!r} version {version!r}"
+            if not isinstance(entry, Mapping):
+                kind = type(entry).__name__
+                problems.append(f"{where} must be an object of settings, got {kind}")
+                continue
+            _convert_layer(entry, _MODELS_BLOCK_KEYS, where, problems, {})
+    if problems:
+        raise _Problems(problems)
+    return value
+
+
+def _chain(*steps: Convert) -> Convert:
+    def chained(value: Any) -> Any:
+        for step in steps:
+            value = step(value)
+        return value
+
+    return chained
+
+
+def _meta(key: str, doc: str, check: Convert | None = None) -> dict[str, Any]:
+    return {"key": key, "doc": doc, "check": check}
+
+
+# --- server settings --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The daemon's resolved settings. Build it with :func:`load`; pass it explicitly.
+
+    Every field with a ``key`` in its metadata is a ``config.properties`` key (and a ``TS_<KEY>``
+    variable). ``extra`` holds the file's keys mservd does not use; ``config_file`` names where
+    the properties came from, for messages.
+    """
+
+    inference_address: str = field(
+        default="http://127.0.0.1:8080",
+        metadata=_meta(
+            "inference_address",
+            "Inference API address, http(s)://host:port (port 0 picks a free port).",
+            _address,
+        ),
+    )
+    management_address: str = field(
+        default="http://127.0.0.1:8081",
+        metadata=_meta(
+            "management_address",
+            "Management API address, http(s)://host:port (port 0 picks a free port).",
+            _address,
+        ),
+    )
+    metrics_address: str = field(
+        default="http://127.0.0.1:8082",
+        metadata=_meta(
+            "metrics_address",
+            "Metrics API address, http(s)://host:port (port 0 picks a free port).",
+            _address,
+        ),
+    )
+    grpc_inference_port: int = field(
+        default=7070,
+        metadata=_meta("grpc_inference_port", "gRPC inference port on loopback.", _port),
+    )
+    grpc_management_port: int = field(
+        default=7071,
+        metadata=_meta("grpc_management_port", "gRPC management port on loopback.", _port),
+    )
+    model_store: str | None = field(
+        default=None,
+        metadata=_meta("model_store", "Folder holding the model archives (.mar)."),
+    )
+    load_models: tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "load_models",
+            "Archives to load at start: 'all', 'a.mar,b.mar' or 'name=a.mar' items, "
+            "comma-separated; empty or 'standalone' loads none.",
+            _load_models,
+        ),
+    )
+    default_workers_per_model: int = field(
+        default=0,
+        metadata=_meta(
+            "default_workers_per_model",
+            "Workers per model when nothing else says; 0 means one per GPU, or 1 on CPU.",
+            _at_least(0),
+        ),
+    )
+    job_queue_size: int = field(
+        default=100,
+        metadata=_meta(
+            "job_queue_size",
+            "Requests a model may hold waiting for a worker before answering 503.",
+            _at_least(1),
+        ),
+    )
+    default_response_timeout: int = field(
+        default=120,
+        metadata=_meta(
+            "default_response_timeout",
+            "Seconds a worker may take on one batch before it is killed.",
+            _above(0),
+        ),
+    )
+    default_startup_timeout: int = field(
+        default=120,
+        metadata=_meta(
+            "default_startup_timeout",
+            "Seconds a worker may take to load its model.",
+            _above(0),
+        ),
+    )
+    max_request_size: int = field(
+        default=6553500,
+        metadata=_meta("max_request_size", "Largest request body in bytes (413 above).", _above(0)),
+    )
+    max_response_size: int = field(
+        default=6553500,
+        metadata=_meta("max_response_size", "Largest response body in bytes.", _above(0)),
+    )
+    number_of_gpu: int | None = field(
+        default=None,
+        metadata=_meta(
+            "number_of_gpu",
+            "Most GPUs to use; empty detects them all.",
+            _at_least(0),
+        ),
+    )
+    batch_size: int = field(
+        default=1,
+        metadata=_meta("batch_size", "Default largest batch per model.", _at_least(1)),
+    )
+    max_batch_delay: int = field(
+        default=100,
+        metadata=_meta(
+            "max_batch_delay",
+            "Default milliseconds a batch waits to fill before it is sent.",
+            _at_least(0),
+        ),
+    )
+    enable_envvars_config: bool = field(
+        default=False,
+        metadata=_meta(
+            "enable_envvars_config",
+            "Let TS_<KEY> environment variables override config.properties.",
+        ),
+    )
+    enable_model_api: bool = field(
+        default=False,
+        metadata=_meta(
+            "enable_model_api",
+            "Allow registering and unregistering models through the management API.",
+        ),
+    )
+    disable_token_authorization: bool = field(
+        default=False,
+        metadata=_meta(
+            "disable_token_authorization",
+            "Serve without bearer tokens (key_file.json is not written).",
+        ),
+    )
+    token_expiration_min: float = field(
+        default=60.0,
+        metadata=_meta(
+            "token_expiration_min",
+            "Minutes before inference and management keys expire.",
+            _above(0),
+        ),
+    )
+    allowed_urls: tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "allowed_urls",
+            "Comma-separated regular expressions; a model URL must match one to be downloaded.",
+            _regex_list,
+        ),
+    )
+    metrics_mode: str = field(
+        default="prometheus",
+        metadata=_meta(
+            "metrics_mode",
+            "Where metrics go: prometheus (the metrics API) or log.",
+            _one_of("prometheus", "log"),
+        ),
+    )
+    install_py_dep_per_model: bool = field(
+        default=False,
+        metadata=_meta(
+            "install_py_dep_per_model",
+            "pip-install an archive's requirements file when its model loads.",
+        ),
+    )
+    log_dir: str = field(
+        default="logs",
+        metadata=_meta("log_dir", "Folder for logs and config snapshots."),
+    )
+    snapshot: bool = field(
+        default=True,
+        metadata=_meta(
+            "enable_snapshot",
+            "Write the model registry under <log_dir>/config/ and restore it at start "
+            "(--ncs turns it off).",
+        ),
+    )
+    frontend_workers: int = field(
+        default=2,
+        metadata=_meta(
+            "frontend_workers", "Gunicorn worker processes serving the HTTP APIs.", _at_least(1)
+        ),
+    )
+    frontend_connections: int = field(
+        default=1000,
+        metadata=_meta(
+            "frontend_connections",
+            "Simultaneous connections each frontend worker accepts.",
+            _at_least(1),
+        ),
+    )
+    max_archive_bytes: int = field(
+        default=4 * 1024**3,
+        metadata=_meta("max_archive_bytes", "Largest unpacked archive in bytes.", _above(0)),
+    )
+    max_archive_files: int = field(
+        default=10000,
+        metadata=_meta("max_archive_files", "Most files an archive may hold.", _above(0)),
+    )
+    drain_timeout: float = field(
+        default=30.0,
+        metadata=_meta(
+            "drain_timeout",
+            "Seconds a stop waits for requests in flight before killing workers.",
+            _at_least(0),
+        ),
+    )
+    log_level: str = field(
+        default="INFO",
+        metadata=_meta(
+            "log_level",
+            "DEBUG, INFO, WARNING, ERROR or CRITICAL.",
+            _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", upper=True),
+        ),
+    )
+    log_format: str = field(
+        default="plain",
+        metadata=_meta("log_format", "plain or json log lines.", _one_of("plain", "json")),
+    )
+    models: Mapping[str, Any] = field(
+        default_factory=dict,
+        metadata=_meta(
+            "models",
+            'Per-model settings as JSON: {"name": {"version": {"defaultVersion": true, '
+            '"marName": "name.mar", "minWorkers": 1, "maxWorkers": 1, "batchSize": 4, '
+            '"maxBatchDelay": 100, "responseTimeout": 120}}}.',
+            _models_block,
+        ),
+    )
+    extra: Mapping[str, str] = field(default_factory=dict)
+    config_file: str | None = None
+
+
+def _keyed_fields() -> list[tuple[dataclasses.Field[Any], Convert]]:
+    """Settings fields that are config keys, each with its converter (type, then check)."""
+    hints = typing.get_type_hints(Settings)
+    result = []
+    for f in dataclasses.fields(Settings):
+        if "key" not in f.metadata:
+            continue
+        convert = _converter_for(hints[f.name])
+        check = f.metadata.get("check")
+        result.append((f, _chain(convert, check) if check else convert))
+    return result
+
+
+def _render(value: Any) -> str:
+    """A value written the way config.properties writes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, Mapping):
+        return json.dumps(value)
+    return str(value)
+
+
+def describe_settings() -> list[tuple[str, str, str]]:
+    """``(key, default, doc)`` for every config.properties key, for ``--help`` and docs."""
+    rows = []
+    for f, _ in _keyed_fields():
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        rows.append((f.metadata["key"], _render(default), f.metadata["doc"]))
+    return rows
+
+
+# --- config.properties ----------------------------------------------------------------------
+
+_ESCAPES: Mapping[str, str] = types.MappingProxyType({"t": "\t", "n": "\n", "r": "\r", "f": "\f"})
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Join continued lines the way java.util.Properties does.
+
+    A line ending in an odd number of backslashes continues on the next, whose leading
+    whitespace is dropped. Comment lines never continue, so a commented-out ``models=`` block
+    needs ``#`` on every line. Unlike Java, whitespace after the backslash is forgiven: it is
+    invisible in an editor and would silently cut a ``models=`` block short.
+    """
+    lines: list[str] = []
+    current: str | None = None
+    for raw in text.splitlines():
+        line = (raw if current is None else raw.lstrip()).rstrip()
+        if current is None:
+            stripped = line.lstrip()
+            if not stripped or stripped[0] in "#!":
+                continue
+            line = stripped
+        trailing = len(line) - len(line.rstrip("\\"))
+        if trailing % 2 == 1:
+            current = (current or "") + line[:-1]
+            continue
+        lines.append((current or "") + line)
+        current = None
+    if current is not None:
+        lines.append(current)
+    return lines
+
+
+def _unescape(text: str) -> str:
+    """Java properties escapes: ``\\t \\n \\r \\f \\uXXXX``, and ``\\x`` → ``x`` otherwise."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch != "\\" or i + 1 >= len(text):
+            out.append(ch)
+            i += 1
+            continue
+        nxt = text[i + 1]
+        if nxt == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", text[i + 2 : i + 6]):
+            out.append(chr(int(text[i + 2 : i + 6], 16)))
+            i += 6
+            continue
+        out.append(_ESCAPES.get(nxt, nxt))
+        i += 2
+    return "".join(out)
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """The keys and values of a config.properties text, in the subset TorchServe files use.
+
+    ``key=value``, ``key: value`` and ``key value``; ``#`` and ``!`` comment lines; blank lines;
+    a trailing backslash continues a value on the next line (how multi-line ``models=`` blocks
+    are written); keys and values are trimmed; Java escapes are decoded as TorchServe's Java
+    parser decodes them. A repeated key keeps its last value.
+    """
+    result: dict[str, str] = {}
+    for line in _logical_lines(text):
+        # The key ends at the first unescaped '=', ':' or whitespace (java.util.Properties).
+        i = 0
+        while i < len(line) and line[i] not in "=: \t\f":
+            i += 2 if line[i] == "\\" else 1
+        key = line[:i]
+        rest = line[i:].lstrip(" \t\f")
+        if rest[:1] in ("=", ":"):
+            rest = rest[1:]
+        result[_unescape(key)] = _unescape(rest.strip())
+    return result
+
+
+def _read_properties(path: str, problems: list[str]) -> dict[str, str]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        problems.append(f"config file {path!r} does not exist")
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(f"config file {path!r} cannot be read: {exc}")
+        return {}
+    return parse_properties(text)
+
+
+def load(
+    config_file: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Resolve the server settings: defaults → config.properties → ``TS_<KEY>`` → overrides.
+
+    Environment variables apply only when ``enable_envvars_config`` is true; the variable
+    ``TS_ENABLE_ENVVARS_CONFIG``, when set, decides over the file (it is the higher layer).
+
+    :param config_file: the config.properties to read; ``None`` reads none. A file named here
+        that does not exist is an error.
+    :param env: the environment to read ``TS_<KEY>`` from; ``os.environ`` when ``None``.
+    :param overrides: values from command-line flags, by field name (``snapshot``) or key
+        (``enable_snapshot``), typed or as strings; ``None`` values are skipped.
+    :raises ConfigError: listing every bad value at once.
+    """
+    environ: Mapping[str, str] = os.environ if env is None else env
+    keyed = _keyed_fields()
+    by_key = {f.metadata["key"]: (f, convert) for f, convert in keyed}
+    by_name = {f.name: (f, convert) for f, convert in keyed}
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+
+    def apply(f: dataclasses.Field[Any], convert: Convert, raw: Any, source: str) -> None:
+        try:
+            values[f.name] = convert(raw)
+        except ValueError as exc:
+            where = f.metadata["key"] + (f" (from {source})" if source else "")
+            lines = exc.problems if isinstance(exc, _Problems) else [str(exc)]
+            problems.extend(f"{where}: {line}" for line in lines)
+
+    path: str | None = None
+    extra: dict[str, str] = {}
+    if config_file is not None:
+        path = os.fspath(config_file)
+        for key, raw in _read_properties(path, problems).items():
+            if key in by_key:
+                apply(*by_key[key], raw, "")
+            else:
+                extra[key] = raw
+        if extra:
+            logger.debug("Keys in %s that mservd does not use: %s", path, ", ".join(sorted(extra)))
+
+    envvars_on = bool(values.get("enable_envvars_config", False))
+    switch = environ.get("TS_ENABLE_ENVVARS_CONFIG")
+    if switch is not None:
+        try:
+            envvars_on = _to_bool(switch)
+        except ValueError:
+            pass  # reported below, with the other TS_ variables
+    if envvars_on or switch is not None:
+        for f, convert in keyed:
+            var = "TS_" + f.metadata["key"].upper()
+            if var in environ and (envvars_on or f.name == "enable_envvars_config"):
+                apply(f, convert, environ[var], var)
+
+    for name, raw in (overrides or {}).items():
+        if raw is None:
+            continue
+        target = by_name.get(name) or by_key.get(name)
+        if target is None:
+            problems.append(f"{name}: not a setting (from command line)")
+            continue
+        apply(*target, raw, "command line")
+
+    if problems:
+        raise ConfigError(problems)
+    return Settings(**values, extra=types.MappingProxyType(extra), config_file=path)
+
+
+# --- per-model settings -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """One model version's resolved settings. Build it with :func:`resolve_model_settings`."""
+
+    min_workers: int
+    max_workers: int
+    batch_size: int
+    max_batch_delay: int  # milliseconds
+    response_timeout: int  # seconds
+    startup_timeout: int  # seconds
+    job_queue_size: int
+    device_type: str | None  # "cpu", "gpu", or None: the daemon decides
+    device_ids: tuple[int, ...]
+    default_version: bool
+
+
+def _device_type(value: Any) -> str:
+    if isinstance(value, str) and value.strip().lower() in ("cpu", "gpu"):
+        return value.strip().lower()
+    raise ValueError(f"{value!r} is not cpu or gpu")
+
+
+def _device_ids(value: Any) -> tuple[int, ...]:
+    items = [s for s in value.split(",") if s.strip()] if isinstance(value, str) else value
+    bad = f"{value!r} is not a list of GPU ids"
+    if isinstance(items, (list, tuple)):
+        try:
+            ids = tuple(_to_int(item) for item in items)
+        except ValueError:
+            raise ValueError(bad) from None
+        if any(i < 0 for i in ids):
+            raise ValueError(f"{value!r} has a negative GPU id")
+        return ids
+    raise ValueError(bad)
+
+
+_WORKERS = _chain(_to_int, _at_least(0))
+
+# camelCase key of model-config.yaml and the models= block → (ModelSettings field, converter)
+_MODEL_YAML_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
+    {
+        "minWorkers": ("min_workers", _WORKERS),
+        "maxWorkers": ("max_workers", _WORKERS),
+        "batchSize": ("batch_size", _chain(_to_int, _at_least(1))),
+        "maxBatchDelay": ("max_batch_delay", _chain(_to_int, _at_least(0))),
+        "responseTimeout": ("response_timeout", _chain(_to_int, _above(0))),
+        "startupTimeout": ("startup_timeout", _chain(_to_int, _above(0))),
+        "jobQueueSize": ("job_queue_size", _chain(_to_int, _at_least(1))),
+        "deviceType": ("device_type", _device_type),
+        "deviceIds": ("device_ids", _device_ids),
+    }
+)
+_MODELS_BLOCK_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
+    {**_MODEL_YAML_KEYS, "defaultVersion": ("default_version", _to_bool)}
+)
+# the management API's query names (register and scale-workers calls)
+_API_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
+    {
+        "min_worker": ("min_workers", _WORKERS),
+        "max_worker": ("max_workers", _WORKERS),
+        "initial_workers": ("min_workers", _WORKERS),
+        "batch_size": ("batch_size", _chain(_to_int, _at_least(1))),
+        "max_batch_delay": ("max_batch_delay", _chain(_to_int, _at_least(0))),
+        "response_timeout": ("response_timeout", _chain(_to_int, _above(0))),
+        "startup_timeout": ("startup_timeout", _chain(_to_int, _above(0))),
+    }
+)
+
+
+def _convert_layer(
+    layer: Mapping[str, Any],
+    keys: Mapping[str, tuple[str, Convert]],
+    source: str,
+    problems: list[str],
+    origin: dict[str, str],
+) -> dict[str, Any]:
+    """The known keys of one layer, converted; unknown keys are someone else's (the handler's
+    model_yaml_config, the API's url), and ``None`` means not given."""
+    values: dict[str, Any] = {}
+    for key, raw in layer.items():
+        if key not in keys or raw is None:
+            continue
+        name, convert = keys[key]
+        try:
+            values[name] = convert(raw)
+        except ValueError as exc:
+            problems.append(f"{source} {key}: {exc}")
+            continue
+        origin[name] = f"{source} {key}"
+    return values
+
+
+def resolve_model_settings(
+    settings: Settings,
+    model_name: str,
+    version: str,
+    *,
+    model_yaml: Mapping[str, Any] | None = None,
+    api: Mapping[str, Any] | None = None,
+    gpu_count: int = 0,
+) -> ModelSettings:
+    """One model version's settings: API call > model-config.yaml > ``models=`` block > defaults.
+
+    :param model_yaml: the archive's model-config.yaml (:func:`read_model_yaml`); keys other
+        than the worker settings are left to the handler.
+    :param api: the management call's query parameters, strings or typed; other parameters
+        (``url``, ``synchronous``) are ignored. ``initial_workers`` is the register call's name
+        for ``min_worker``; as in TorchServe, a call that sets the minimum but no
+        ``max_worker`` sets the maximum to the same number.
+    :param gpu_count: the GPUs the daemon will use (after ``number_of_gpu``); with
+        ``default_workers_per_model=0`` a model gets that many workers, at least 1.
+    :raises ConfigError: listing every bad value, each named by source and key.
+    """
+    workers = settings.default_workers_per_model or max(1, gpu_count)
+    values: dict[str, Any] = {
+        "min_workers": workers,
+        "max_workers": workers,
+        "batch_size": settings.batch_size,
+        "max_batch_delay": settings.max_batch_delay,
+        "response_timeout": settings.default_response_timeout,
+        "startup_timeout": settings.default_startup_timeout,
+        "job_queue_size": settings.job_queue_size,
+        "device_type": None,
+        "device_ids": (),
+        "default_version": False,
+    }
+    origin: dict[str, str] = {}
+    problems: list[str] = []
+
+    versions = settings.models.get(model_name)
+    entry = versions.get(version) if isinstance(versions, Mapping) else None
+    if isinstance(entry, Mapping):
+        where = f"config.properties models[{model_name!r}][{version!r}]"
+        values.update(_convert_layer(entry, _MODELS_BLOCK_KEYS, where, problems, origin))
+    if model_yaml:
+        yaml_values = _convert_layer(
+            model_yaml, _MODEL_YAML_KEYS, "model-config.yaml", problems, origin
+        )
+        values.update(yaml_values)
+    if api:
+        given = {k: v for k, v in api.items() if v is not None}
+        if "min_worker" in given:
+            given.pop("initial_workers", None)  # the explicit name wins
+        api_values = _convert_layer(given, _API_KEYS, "API", problems, origin)
+        if "min_workers" in api_values and "max_worker" not in given:
+            api_values["max_workers"] = api_values["min_workers"]
+            origin["max_workers"] = origin["min_workers"]
+        values.update(api_values)
+
+    if not problems and values["max_workers"] < values["min_workers"]:
+        # A bound nobody set follows the one that was set; two set bounds that cross are an error.
+        if "max_workers" not in origin:
+            values["max_workers"] = values["min_workers"]
+        elif "min_workers" not in origin:
+            values["min_workers"] = values["max_workers"]
+        else:
+            problems.append(
+                f"max_worker ({values['max_workers']}) must be >= "
+                f"min_worker ({values['min_workers']}) "
+                f"(max from {origin['max_workers']}, min from {origin['min_workers']})"
+            )
+    if problems:
+        raise ConfigError(
+            problems, title=f"Invalid settings for model {model_name!r} version {version!r}"
+        )
+    return ModelSettings(**values)
+
+
+def read_model_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """An archive's model-config.yaml as a dict (empty file → ``{}``).
+
+    :raises ConfigError: the file cannot be read, is not YAML, or is not a mapping.
+    """
+    name = os.fspath(path)
+    title = "Invalid model-config.yaml"
+    try:
+        with open(name, encoding="utf-8") as stream:
+            data = yaml.safe_load(stream)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{name!r} cannot be read: {exc}"], title=title) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{name!r} is not valid YAML: {exc}"], title=title) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        kind = type(data).__name__
+        problem = f"{name!r} must be a mapping of keys to values, got {kind}"
+        raise ConfigError([problem], title=title)
+    return data
