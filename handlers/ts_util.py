@@ -1,0 +1,19 @@
+"""What TorchServe's ``ts.utils.util`` offers handlers, under its names, from mservd's modules.
+
+Only the names handlers use: ``PredictionException``, ``list_classes_from_module``,
+``load_label_mapping``, ``map_class_to_label``. Reached as ``ts.utils.util`` through
+:mod:`handlers.ts_compat`.
+"""
+
+from __future__ import annotations
+
+from handlers.errors import PredictionException
+from handlers.labels import load_label_mapping, map_class_to_label
+from handlers.user_code import classes_defined_in as list_classes_from_module
+
+__all__ = [
+    "PredictionException",
+    "list_classes_from_module",
+    "load_label_mapping",
+    "map_class_to_label",
+]

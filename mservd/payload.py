@@ -1,0 +1,69 @@
+"""Turning request bytes into handler values and handler values into response bytes.
+
+This module owns the TorchServe conventions for what a handler sees and what a client gets:
+JSON bodies arrive parsed, ``text/*`` as ``str``, everything else as ``bytearray``; a handler's
+``bytes`` go out as they are, ``str`` as UTF-8, anything else as JSON. It runs in the backend
+worker (and in ``mservd run-handler``), never in the controller, which forwards bytes untouched.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+JSON_TYPE = "application/json"
+
+
+def media_type(content_type: str | None) -> str:
+    """The bare media type of a Content-Type value, lower-cased: ``text/plain; charset=x`` → ``text/plain``."""
+    if not content_type:
+        return ""
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def _charset(content_type: str) -> str:
+    for part in content_type.split(";")[1:]:
+        key, _, value = part.strip().partition("=")
+        if key.lower() == "charset" and value:
+            return value.strip('"')
+    return "utf-8"
+
+
+def decode_input(content_type: str | None, body: bytes) -> Any:
+    """The value a handler receives for one input of the given content type.
+
+    A JSON body that does not parse is passed on as ``bytearray`` rather than refused: the
+    handler decides whether that is an error (TorchServe does the same).
+    """
+    kind = media_type(content_type)
+    if kind == JSON_TYPE or kind.endswith("+json"):
+        try:
+            return json.loads(body)
+        except (UnicodeDecodeError, ValueError):
+            return bytearray(body)
+    if kind.startswith("text/"):
+        try:
+            return bytes(body).decode(_charset(content_type or ""))
+        except (UnicodeDecodeError, LookupError):
+            return bytearray(body)
+    return bytearray(body)
+
+
+def encode_output(item: Any, content_type: str | None = None) -> tuple[bytes, str]:
+    """The body bytes and Content-Type for one handler output item.
+
+    ``content_type`` is what the handler set for this request, if anything; it wins.
+    """
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return bytes(item), content_type or "application/octet-stream"
+    if isinstance(item, str):
+        return item.encode("utf-8"), content_type or "text/plain; charset=utf-8"
+    return json.dumps(item, default=_json_default).encode("utf-8"), content_type or JSON_TYPE
+
+
+def _json_default(value: Any) -> Any:
+    """Tensors and NumPy values are what handlers most often return by accident."""
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

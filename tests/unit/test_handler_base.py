@@ -1,0 +1,197 @@
+"""BaseHandler's model loading and whole-batch flow, and BatchedHandler's per-request failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from handlers.base_handler import BaseHandler
+from handlers.batching import BatchedHandler
+from handlers.context import Context
+from handlers.errors import BadInputError, PredictionException, RequestError
+
+torch.set_num_threads(1)
+
+DOUBLER_PY = """
+import torch
+
+
+class Doubler(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, x):
+        return x * self.scale
+"""
+
+
+class Doubler(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+class RowsHandler(BaseHandler):
+    def preprocess(self, data: list[Any]) -> torch.Tensor:
+        return torch.as_tensor([row["body"] for row in data], dtype=torch.float32)
+
+
+class NumberHandler(BatchedHandler):
+    """Decodes a JSON number per request; refuses anything else."""
+
+    def decode_request(self, row: Any) -> torch.Tensor:
+        value = row.get("body")
+        if not isinstance(value, (int, float)):
+            raise BadInputError(f"Expected a number, got {value!r}.")
+        if value < 0:
+            raise PredictionException("Negative numbers are too large to handle.", 413)
+        return torch.tensor([float(value)])
+
+
+def context(
+    model_dir: Path, model: dict[str, str], n: int = 1, headers: list[dict[str, str]] | None = None
+) -> Context:
+    ctx = Context("m", str(model_dir), {"model": model}, n, None, "0.1.0")
+    ctx.begin_batch([str(i) for i in range(n)], headers or [{}] * n)
+    return ctx
+
+
+@pytest.fixture()
+def scripted_dir(tmp_path: Path) -> Path:
+    torch.jit.script(Doubler()).save(str(tmp_path / "model.pt"))
+    return tmp_path
+
+
+@pytest.fixture()
+def eager_dir(tmp_path: Path) -> Path:
+    (tmp_path / "doubler.py").write_text(DOUBLER_PY)
+    torch.save({"scale": torch.tensor(3.0)}, tmp_path / "weights.bin")
+    return tmp_path
+
+
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+
+
+def test_base_handler_loads_torchscript_on_cpu(scripted_dir: Path) -> None:
+    handler = RowsHandler()
+    ctx = context(scripted_dir, {"serializedFile": "model.pt"}, 2)
+    handler.initialize(ctx)
+    assert handler.initialized and handler.device == torch.device("cpu")
+    assert handler.map_location == "cpu"
+    assert handler.mapping is None
+    assert handler.handle([{"body": [1.0]}, {"body": [2.5]}], ctx) == [[2.0], [5.0]]
+
+
+def test_base_handler_loads_eager_model_file_and_state_dict(eager_dir: Path) -> None:
+    handler = RowsHandler()
+    ctx = context(eager_dir, {"serializedFile": "weights.bin", "modelFile": "doubler.py"})
+    handler.initialize(ctx)
+    assert type(handler.model).__name__ == "Doubler"
+    assert not handler.model.training
+    assert handler.handle([{"body": [2.0]}], ctx) == [[6.0]]
+
+
+def test_base_handler_loads_legacy_state_dict_without_mmap(eager_dir: Path) -> None:
+    torch.save(
+        {"scale": torch.tensor(4.0)}, eager_dir / "old.pth", _use_new_zipfile_serialization=False
+    )
+    handler = RowsHandler()
+    ctx = context(eager_dir, {"serializedFile": "old.pth", "modelFile": "doubler.py"})
+    handler.initialize(ctx)
+    assert handler.handle([{"body": [1.0]}], ctx) == [[4.0]]
+
+
+def test_base_handler_model_file_with_two_modules_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "two.py").write_text(
+        "import torch\n\nclass A(torch.nn.Module):\n    pass\n\nclass B(torch.nn.Module):\n    pass\n"
+    )
+    with pytest.raises(
+        ValueError, match=r"exactly one torch.nn.Module subclass; found 2: \['A', 'B'\]"
+    ):
+        RowsHandler().initialize(context(tmp_path, {"modelFile": "two.py"}))
+
+
+def test_base_handler_model_file_without_module_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "none.py").write_text("class Helper:\n    pass\n")
+    with pytest.raises(ValueError, match="found 0"):
+        RowsHandler().initialize(context(tmp_path, {"modelFile": "none.py"}))
+
+
+def test_base_handler_missing_files_are_named(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="Model file 'missing.py' is not in"):
+        RowsHandler().initialize(context(tmp_path, {"modelFile": "missing.py"}))
+    with pytest.raises(RuntimeError, match="does not exist"):
+        RowsHandler().initialize(context(tmp_path, {"serializedFile": "gone.pt"}))
+    with pytest.raises(RuntimeError, match="neither a serializedFile nor a modelFile"):
+        RowsHandler().initialize(context(tmp_path, {}))
+    with pytest.raises(RuntimeError, match="'model.onnx' is not a TorchScript file"):
+        RowsHandler().initialize(context(tmp_path, {"serializedFile": "model.onnx"}))
+
+
+def test_base_handler_explain_without_get_insights_is_a_clear_error(scripted_dir: Path) -> None:
+    handler = RowsHandler()
+    ctx = context(scripted_dir, {"serializedFile": "model.pt"}, 1, [{"explain": "True"}])
+    handler.initialize(ctx)
+    with pytest.raises(PredictionException, match="does not support explanations") as info:
+        handler.handle([{"body": [1.0]}], ctx)
+    assert info.value.error_code == 400
+
+
+def test_base_handler_explain_calls_get_insights(scripted_dir: Path) -> None:
+    class Explained(RowsHandler):
+        def get_insights(self, tensor: torch.Tensor, inputs: Any, target: int) -> list[Any]:
+            return [{"inputs": inputs, "target": target, "shape": list(tensor.shape)}]
+
+    handler = Explained()
+    ctx = context(scripted_dir, {"serializedFile": "model.pt"}, 1, [{"Explain": "true"}])
+    handler.initialize(ctx)
+    assert handler.handle([{"body": [1.0], "target": 3}], ctx) == [
+        {"inputs": [1.0], "target": 3, "shape": [1, 1]}
+    ]
+
+
+def test_batched_handler_failures_stay_with_their_request(scripted_dir: Path) -> None:
+    handler = NumberHandler()
+    ctx = context(scripted_dir, {"serializedFile": "model.pt"}, 4)
+    handler.initialize(ctx)
+    outputs = handler.handle([{"body": 1}, {"body": "x"}, {"body": -1}, {"body": 4}], ctx)
+    assert outputs == [
+        [2.0],
+        RequestError(400, "Expected a number, got 'x'.", "BadInput"),
+        RequestError(413, "Negative numbers are too large to handle.", "BadInput"),
+        [8.0],
+    ]
+
+
+def test_batched_handler_checks_postprocess_length(scripted_dir: Path) -> None:
+    class Short(NumberHandler):
+        def postprocess(self, data: Any) -> list[Any]:
+            return [1]
+
+    handler = Short()
+    ctx = context(scripted_dir, {"serializedFile": "model.pt"}, 2)
+    handler.initialize(ctx)
+    with pytest.raises(PredictionException, match="returned 1 items for 2 requests"):
+        handler.handle([{"body": 1}, {"body": 2}], ctx)
+
+
+def test_batched_handler_with_overridden_preprocess_keeps_whole_batch_semantics(
+    scripted_dir: Path,
+) -> None:
+    class TorchServeStyle(NumberHandler):
+        def preprocess(self, data: list[Any]) -> torch.Tensor:
+            return torch.as_tensor([[float(row["body"])] for row in data])
+
+    handler = TorchServeStyle()
+    ctx = context(scripted_dir, {"serializedFile": "model.pt"}, 2)
+    handler.initialize(ctx)
+    assert handler.handle([{"body": 1}, {"body": -3}], ctx) == [[2.0], [-6.0]]
+    with pytest.raises(ValueError):
+        handler.handle([{"body": 1}, {"body": "x"}], ctx)

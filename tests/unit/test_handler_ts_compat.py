@@ -1,0 +1,50 @@
+"""Handlers written for TorchServe import ``ts.*`` and get mservd's classes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+
+def test_ts_compat_torchserve_handler_imports_resolve_to_ours(tmp_path: Path) -> None:
+    (tmp_path / "ts_handler.py").write_text(
+        textwrap.dedent(
+            """
+            from ts.context import Context
+            from ts.torch_handler.base_handler import BaseHandler
+            from ts.torch_handler.image_classifier import ImageClassifier
+            from ts.utils.util import PredictionException, map_class_to_label
+            import ts.torch_handler.base_handler
+
+
+            class MyHandler(ImageClassifier):
+                topk = 2
+            """
+        )
+    )
+    script = textwrap.dedent(
+        f"""
+        import sys
+        assert "ts" not in sys.modules
+        from handlers.ts_compat import install_ts_aliases
+        from handlers.loader import load_handler
+        import handlers.base_handler, handlers.errors, handlers.image_classifier
+
+        install_ts_aliases()
+        loaded = load_handler({str(tmp_path)!r}, "ts_handler.py")
+        assert isinstance(loaded.service, handlers.image_classifier.ImageClassifier)
+        import ts_handler
+        assert ts_handler.BaseHandler is handlers.base_handler.BaseHandler
+        assert ts_handler.PredictionException is handlers.errors.PredictionException
+        assert ts_handler.ts.torch_handler.base_handler is handlers.base_handler
+        print("ok")
+        """
+    )
+    # A fresh interpreter: the aliases are process-wide and must not leak into other tests.
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
