@@ -1,0 +1,3 @@
+"""mservd: a pure-Python model-hosting service for PyTorch models."""
+
+__version__ = "0.1.0"

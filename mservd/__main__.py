@@ -1,0 +1,5 @@
+import sys
+
+from mservd.cli import main
+
+sys.exit(main())

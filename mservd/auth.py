@@ -1,0 +1,80 @@
+"""Token authorization: the three keys, their expiry, and the key file users read them from.
+
+Keys live in the controller alone; frontends forward the bearer token they received and the
+controller checks it with a constant-time comparison. The key file has TorchServe's layout and
+is written with mode 0600.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+
+from mservd.errors import BadRequest, Unauthorized
+
+INFERENCE = "inference"
+MANAGEMENT = "management"
+API = "API"
+
+
+def _new_key() -> str:
+    return secrets.token_urlsafe(18)
+
+
+class KeyStore:
+    def __init__(self, path: Path, expiration_min: float) -> None:
+        self.path = path
+        self.lifetime = expiration_min * 60.0
+        self.keys: dict[str, str] = {INFERENCE: _new_key(), MANAGEMENT: _new_key(), API: _new_key()}
+        now = time.time()
+        self.expires: dict[str, float] = {INFERENCE: now + self.lifetime,
+                                          MANAGEMENT: now + self.lifetime}
+        self.write()
+
+    def check(self, api: str, token: str | None) -> None:
+        """Raise 401 unless ``token`` is the live key of ``api``."""
+        if not token:
+            raise Unauthorized("Token authorization failed: no bearer token given. "
+                               f"Send 'Authorization: Bearer <{api} key>' from {self.path.name}.")
+        if not hmac.compare_digest(token.encode(), self.keys[api].encode()):
+            raise Unauthorized(f"Token authorization failed: the token is not the {api} key.")
+        expiry = self.expires.get(api)
+        if expiry is not None and time.time() > expiry:
+            raise Unauthorized(f"Token authorization failed: the {api} key has expired. "
+                               "Rotate it with GET /token?type=" + api)
+
+    def rotate(self, api_token: str | None, kind: str) -> str:
+        """Replace the inference or management key; needs the API key."""
+        self.check(API, api_token)
+        if kind not in (INFERENCE, MANAGEMENT):
+            raise BadRequest(f"Unknown token type {kind!r}; use 'inference' or 'management'.")
+        self.keys[kind] = _new_key()
+        self.expires[kind] = time.time() + self.lifetime
+        self.write()
+        return self.keys[kind]
+
+    def write(self) -> None:
+        def stamp(t: float) -> str:
+            return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+        doc = {
+            MANAGEMENT: {"key": self.keys[MANAGEMENT], "expiration time": stamp(self.expires[MANAGEMENT])},
+            INFERENCE: {"key": self.keys[INFERENCE], "expiration time": stamp(self.expires[INFERENCE])},
+            API: {"key": self.keys[API]},
+        }
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(doc, handle, indent=2)
+        os.replace(tmp, self.path)
+
+
+def read_key_file(path: Path) -> dict[str, str]:
+    """The keys as a client reads them: ``{"inference": ..., "management": ..., "API": ...}``."""
+    doc = json.loads(Path(path).read_text())
+    return {name: entry["key"] for name, entry in doc.items()}

@@ -1,0 +1,97 @@
+"""The bounded queue and dynamic batching policy of one model version.
+
+Pure and clock-free: callers pass ``now``; nothing here polls, sleeps, or knows about ZeroMQ.
+
+The policy keeps a lone request fast and a loaded server efficient:
+
+* a batch is handed to an idle worker at once when it is full, or when no worker of the
+  version is busy (waiting for batch-mates would only add latency to an idle server);
+* while some worker is busy, an idle worker waits up to ``max_batch_delay`` from the oldest
+  request's arrival for the batch to fill;
+* requests whose deadline passes in the queue are taken out by ``expire`` to be answered 504,
+  never computed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Generic, Protocol, TypeVar
+
+
+class Queued(Protocol):
+    arrived: float
+    deadline: float
+
+
+T = TypeVar("T", bound=Queued)
+
+
+class Batcher(Generic[T]):
+    def __init__(self, batch_size: int, max_batch_delay: float, capacity: int) -> None:
+        """``max_batch_delay`` in seconds; ``capacity`` bounds the queue (``job_queue_size``)."""
+        self.batch_size = max(1, batch_size)
+        self.max_batch_delay = max(0.0, max_batch_delay)
+        self.capacity = max(1, capacity)
+        self._queue: deque[T] = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def remaining_capacity(self) -> int:
+        return self.capacity - len(self._queue)
+
+    def add(self, item: T) -> bool:
+        """Queue ``item``; False when the queue is full (the caller answers 503)."""
+        if len(self._queue) >= self.capacity:
+            return False
+        self._queue.append(item)
+        return True
+
+    def push_front(self, item: T) -> None:
+        """Put back a request whose worker died, ahead of the others and past the bound."""
+        self._queue.appendleft(item)
+
+    def take(self, now: float, any_busy: bool) -> list[T]:
+        """The batch one idle worker should run now, or ``[]`` to keep waiting."""
+        queue = self._queue
+        if not queue:
+            return []
+        if len(queue) < self.batch_size and any_busy:
+            if now < queue[0].arrived + self.max_batch_delay:
+                return []
+        count = min(self.batch_size, len(queue))
+        return [queue.popleft() for _ in range(count)]
+
+    def expire(self, now: float) -> list[T]:
+        """Take out the queued requests whose deadline has passed.
+
+        Deadlines are ``arrival + response timeout`` of one version, so they are in queue
+        order and only the front needs looking at.
+        """
+        queue = self._queue
+        expired = []
+        while queue and queue[0].deadline <= now:
+            expired.append(queue.popleft())
+        return expired
+
+    def remove(self, predicate) -> list[T]:
+        """Take out the requests ``predicate`` selects (a stopped model, a lost frontend)."""
+        removed = [item for item in self._queue if predicate(item)]
+        if removed:
+            self._queue = deque(item for item in self._queue if not predicate(item))
+        return removed
+
+    def drain(self) -> list[T]:
+        items = list(self._queue)
+        self._queue.clear()
+        return items
+
+    def next_wakeup(self, any_busy: bool) -> float | None:
+        """When ``take`` or ``expire`` may next have something to do, or None."""
+        if not self._queue:
+            return None
+        soonest = self._queue[0].deadline
+        if any_busy and len(self._queue) < self.batch_size:
+            soonest = min(soonest, self._queue[0].arrived + self.max_batch_delay)
+        return soonest

@@ -1,0 +1,289 @@
+"""Running the daemon in the foreground: bind, start the frontend, load models, loop, stop.
+
+This is what ``mservd start --foreground`` runs (and what ``mservd start`` runs detached). It
+owns the process-level pieces around the controller: the log, the pid and state files in the
+log folder, the listening sockets, the HTTP frontend process and the signals.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from mservd import __version__
+from mservd.auth import KeyStore
+from mservd.config import Settings, parse_address
+from mservd.supervisor import detect_gpus
+
+log = logging.getLogger("mservd")
+
+PID_FILE = "mservd.pid"
+STATE_FILE = "mservd.state.json"
+KEY_FILE = "key_file.json"
+
+
+class StartError(Exception):
+    """The daemon cannot start; the message says why and what to do."""
+
+
+def pid_path(log_dir: Path) -> Path:
+    return log_dir / PID_FILE
+
+
+def state_path(log_dir: Path) -> Path:
+    return log_dir / STATE_FILE
+
+
+def running_pid(log_dir: Path) -> int | None:
+    """The pid of a live daemon that uses ``log_dir``, or None (a stale pid file is ignored)."""
+    try:
+        pid = int(pid_path(log_dir).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return pid
+    return pid if b"mservd" in cmdline else None
+
+
+def configure_logging(settings: Settings, log_dir: Path, to_stderr: bool) -> None:
+    root = logging.getLogger()
+    root.setLevel(settings.log_level)
+    fmt: logging.Formatter
+    if settings.log_format == "json":
+        fmt = JsonFormatter()
+    else:
+        fmt = logging.Formatter("%(asctime)s [pid %(process)d] %(levelname)s %(name)s: %(message)s")
+    handler = logging.FileHandler(log_dir / "mservd.log")
+    handler.setFormatter(fmt)
+    root.addHandler(handler)
+    if to_stderr:
+        stream = logging.StreamHandler(sys.stderr)
+        stream.setFormatter(fmt)
+        root.addHandler(stream)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {"time": self.formatTime(record), "level": record.levelname,
+               "logger": record.name, "pid": record.process, "message": record.getMessage()}
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc)
+
+
+def bind_listener(address: str, what: str) -> socket.socket:
+    scheme, host, port = parse_address(address)
+    if scheme != "http":
+        raise StartError(f"{what} {address!r}: only http:// is served; put TLS in front.")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StartError(f"Cannot listen on {what} {address!r}: {exc.strerror}. Is another "
+                         "server using it? Set another port in config.properties.") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def startup_models(settings: Settings) -> list[tuple[str | None, str]]:
+    """``load_models`` as (model name or None, archive url) pairs; ``all`` is every archive."""
+    items: list[tuple[str | None, str]] = []
+    for entry in settings.load_models:
+        entry = entry.strip()
+        if not entry:
+            continue
+        if entry == "all":
+            if settings.model_store:
+                store = Path(settings.model_store)
+                for path in sorted(store.iterdir()):
+                    if path.name.startswith("."):
+                        continue
+                    if path.suffix == ".mar" or path.name.endswith(".tar.gz") or (
+                            path.is_dir() and (path / "MAR-INF" / "MANIFEST.json").exists()):
+                        items.append((None, path.name))
+            continue
+        name, sep, url = entry.partition("=")
+        items.append((name, url) if sep else (None, entry))
+    # the models= block names archives too (marName)
+    for name, versions in settings.models.items():
+        for _, entry in versions.items():
+            mar = entry.get("marName") if isinstance(entry, dict) else None
+            if mar and (name, mar) not in items and (None, mar) not in items:
+                items.append((name, mar))
+    return items
+
+
+class Daemon:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.log_dir = Path(settings.log_dir).resolve()
+        self.stop_signal = False
+        self.frontend: subprocess.Popen | None = None
+        self.listeners: dict[str, socket.socket] = {}
+
+    def run(self, to_stderr: bool = True) -> int:
+        from mservd.controller import Controller, Reply
+
+        settings = self.settings
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        pid = running_pid(self.log_dir)
+        if pid is not None and pid != os.getpid():
+            raise StartError(f"mservd is already running (pid {pid}) with log folder "
+                             f"{str(self.log_dir)!r}. Stop it with 'mservd stop' first.")
+        configure_logging(settings, self.log_dir, to_stderr)
+        if settings.model_store and not Path(settings.model_store).is_dir():
+            raise StartError(f"Model store {settings.model_store!r} is not a directory.")
+        for what, address in (("inference_address", settings.inference_address),
+                              ("management_address", settings.management_address),
+                              ("metrics_address", settings.metrics_address)):
+            self.listeners[what.split("_")[0]] = bind_listener(address, what)
+        self._addresses = self.addresses()
+        state_path(self.log_dir).unlink(missing_ok=True)
+        pid_path(self.log_dir).write_text(str(os.getpid()))
+        run_dir = Path(tempfile.mkdtemp(prefix="mservd-"))
+        keys = None
+        key_file = Path(KEY_FILE).resolve()
+        if not settings.disable_token_authorization:
+            keys = KeyStore(key_file, settings.token_expiration_min)
+        gpus = settings.number_of_gpu if settings.number_of_gpu is not None else detect_gpus()
+        controller = Controller(settings, f"ipc://{run_dir}/frontend.sock",
+                                f"ipc://{run_dir}/backend.sock", run_dir, keys, gpus)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            self.start_frontend(run_dir, keys is not None)
+            controller.on_stopped = self.stop_frontend
+            pending = startup_models(settings)
+            controller.startup_pending = len(pending)
+            results: dict[str, Any] = {}
+
+            def loaded(label: str):
+                def respond(reply: Reply) -> None:
+                    controller.startup_pending -= 1
+                    if reply.status >= 400:
+                        body = reply.body if isinstance(reply.body, dict) else {}
+                        message = body.get("message") or (reply.body.decode()
+                                                          if isinstance(reply.body, bytes)
+                                                          else str(reply.body))
+                        results[label] = message
+                        log.error("start-up model %s failed: %s", label, message)
+                    if controller.startup_pending == 0:
+                        self.write_state(keys, key_file, results, controller)
+                return respond
+
+            for name, url in pending:
+                args = {"url": url, "synchronous": "true"}
+                if name:
+                    args["model_name"] = name
+                try:
+                    result = controller.management.op_register(args, loaded(name or url),
+                                                               startup=True)
+                except Exception as exc:  # a bad entry must not stop the others
+                    from mservd.errors import MservdError
+
+                    message = exc.message if isinstance(exc, MservdError) else str(exc)
+                    loaded(name or url)(Reply(400, {"message": message}))
+                    continue
+                if result is not None:
+                    loaded(name or url)(result)
+            if not pending:
+                self.write_state(keys, key_file, results, controller)
+            log.info("mservd %s serving (pid %d)", __version__, os.getpid())
+            controller.run(lambda: self.stop_signal, self.frontend_alive)
+        finally:
+            self.stop_frontend()
+            if self.frontend is not None:
+                try:
+                    self.frontend.wait(timeout=settings.drain_timeout + 5)
+                except subprocess.TimeoutExpired:
+                    self.frontend.kill()
+            controller.close()
+            for sock in self.listeners.values():
+                sock.close()
+            shutil.rmtree(run_dir, ignore_errors=True)
+            pid_path(self.log_dir).unlink(missing_ok=True)
+            state_path(self.log_dir).unlink(missing_ok=True)
+            log.info("mservd stopped")
+        return 0
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.stop_signal = True  # the loop sees it within one turn
+
+    def start_frontend(self, run_dir: Path, auth: bool) -> None:
+        settings = self.settings
+        ports = {api: sock.getsockname()[1] for api, sock in self.listeners.items()}
+        spec = {
+            "controller": f"ipc://{run_dir}/frontend.sock",
+            "fds": [sock.fileno() for sock in self.listeners.values()],
+            "ports": ports,
+            "workers": settings.frontend_workers,
+            "connections": settings.frontend_connections,
+            "graceful_timeout": settings.drain_timeout,
+            "errorlog": str(self.log_dir / "frontend.log"),
+            "log_level": settings.log_level,
+            "auth": auth,
+            "max_request_size": settings.max_request_size,
+            "reply_timeout": 2 * settings.default_response_timeout
+                             + settings.default_startup_timeout + 60,
+        }
+        self.frontend = subprocess.Popen(
+            [sys.executable, "-m", "mservd.frontends.http.server", json.dumps(spec)],
+            pass_fds=spec["fds"], stdin=subprocess.DEVNULL,
+            stdout=open(self.log_dir / "frontend.log", "ab"), stderr=subprocess.STDOUT,
+        )
+        log.info("HTTP frontend started (pid %d) on ports %s", self.frontend.pid, ports)
+
+    def frontend_alive(self) -> bool:
+        return self.frontend is not None and self.frontend.poll() is None
+
+    def stop_frontend(self) -> None:
+        """Close our copies of the listeners, and ask gunicorn to finish and exit."""
+        for sock in self.listeners.values():
+            sock.close()
+        if self.frontend is not None and self.frontend.poll() is None:
+            self.frontend.send_signal(signal.SIGTERM)
+
+    def addresses(self) -> dict[str, str]:
+        out = {}
+        for api, sock in self.listeners.items():
+            host, port = sock.getsockname()[:2]
+            out[api] = f"http://{host}:{port}"
+        return out
+
+    def write_state(self, keys: KeyStore | None, key_file: Path, failures: dict[str, Any],
+                    controller: Any) -> None:
+        state = {
+            "pid": os.getpid(),
+            "version": __version__,
+            "addresses": self._addresses,
+            "key_file": str(key_file) if keys is not None else None,
+            "models": controller.registry.names(),
+            "failed": failures,
+        }
+        tmp = state_path(self.log_dir).with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(state_path(self.log_dir))
+        log.info("ready: %s", state["addresses"])

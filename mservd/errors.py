@@ -1,0 +1,106 @@
+"""The errors a client can see, each with its HTTP status and its JSON ``type``.
+
+Every failure a request can meet is one of these; the frontends map them to responses in one
+place, and they cross process boundaries as ``(status, type, message)`` only.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+class MservdError(Exception):
+    """Base of every error that becomes a client answer."""
+
+    http_status = 500
+    type = "InternalServerError"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+    def to_body(self) -> bytes:
+        return error_body(self.http_status, self.type, self.message)
+
+
+def error_body(status: int, type_: str, message: str) -> bytes:
+    """The JSON every error answer carries: ``{"code", "type", "message"}``."""
+    return json.dumps({"code": status, "type": type_, "message": message}).encode()
+
+
+class BadRequest(MservdError):
+    http_status = 400
+    type = "BadRequestException"
+
+
+class Unauthorized(MservdError):
+    http_status = 401
+    type = "Unauthorized"
+
+
+class Forbidden(MservdError):
+    http_status = 403
+    type = "InvalidModelVersionException"
+
+
+class ModelNotFound(MservdError):
+    http_status = 404
+    type = "ModelNotFoundException"
+
+
+class ResourceNotFound(MservdError):
+    http_status = 404
+    type = "ResourceNotFoundException"
+
+
+class MethodNotAllowed(MservdError):
+    http_status = 405
+    type = "MethodNotAllowed"
+
+
+class Conflict(MservdError):
+    http_status = 409
+    type = "ConflictStatusException"
+
+
+class RequestTooLarge(MservdError):
+    http_status = 413
+    type = "RequestEntityTooLarge"
+
+
+class NoWorker(MservdError):
+    """No live worker can take the request (all dead, loading, or the model failed)."""
+
+    http_status = 503
+    type = "ServiceUnavailableException"
+
+
+class QueueFull(MservdError):
+    """The model's bounded queue is full: the client should back off and retry."""
+
+    http_status = 503
+    type = "QueueFullException"
+
+
+class ShuttingDown(MservdError):
+    http_status = 503
+    type = "ServiceUnavailableException"
+
+
+class DeadlineExceeded(MservdError):
+    http_status = 504
+    type = "RequestTimeoutException"
+
+
+class WorkerDied(MservdError):
+    http_status = 500
+    type = "InternalServerException"
+
+    def __init__(self, message: str = "Worker died.") -> None:
+        super().__init__(message)
+
+
+class ModelLoadFailed(MservdError):
+    http_status = 500
+    type = "InternalServerException"

@@ -1,0 +1,1 @@
+"""Frontends: stateless protocol adapters that forward requests to the controller."""

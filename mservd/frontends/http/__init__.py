@@ -1,0 +1,1 @@
+"""The HTTP frontends: inference, management and metrics apps under one gunicorn."""

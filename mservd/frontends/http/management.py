@@ -1,0 +1,110 @@
+"""The management API as a Flask app: each route turns an HTTP call into one controller verb.
+
+Not the hot path, so Flask's routing and error handling earn their cost here. Names and
+versions taken from the URL are validated before they travel anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException
+
+from archiver import ArchiveError
+from archiver.manifest import validate_model_name, validate_version
+from mservd.errors import BadRequest, MservdError, NoWorker, error_body
+from mservd.frontends.bridge import Bridge, ControllerGone, bearer_token
+
+log = logging.getLogger(__name__)
+
+REGISTER_PARAMS = ("url", "model_name", "handler", "batch_size", "max_batch_delay",
+                   "initial_workers", "synchronous", "response_timeout", "startup_timeout")
+
+
+def create_management_app(bridge: Bridge, timeout: float, auth: bool) -> Flask:
+    app = Flask("mservd.management")
+
+    def call(op: str, args: dict[str, Any]) -> Response:
+        token = bearer_token(request.environ) if auth else None
+        reply = bridge.manage(op, args, token, timeout)
+        headers = dict(reply.headers or {})
+        if reply.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        return Response(reply.body, status=reply.status, content_type=reply.content_type,
+                        headers=headers)
+
+    def names(model: str, version: str | None = None) -> dict[str, Any]:
+        try:
+            validate_model_name(model)
+            if version is not None and version != "all":
+                validate_version(version)
+        except ArchiveError as exc:
+            raise BadRequest(str(exc)) from None
+        return {"model": model, "version": version}
+
+    @app.post("/models")
+    def register() -> Response:
+        args = {k: request.args.get(k) for k in REGISTER_PARAMS if request.args.get(k) is not None}
+        if args.get("model_name"):
+            names(args["model_name"])
+        return call("register", args)
+
+    @app.get("/models")
+    def list_models() -> Response:
+        return call("list", {"limit": request.args.get("limit"),
+                             "next_page_token": request.args.get("next_page_token")})
+
+    @app.get("/models/<model>")
+    @app.get("/models/<model>/<version>")
+    def describe(model: str, version: str | None = None) -> Response:
+        return call("describe", names(model, version))
+
+    @app.put("/models/<model>")
+    @app.put("/models/<model>/<version>")
+    def scale(model: str, version: str | None = None) -> Response:
+        args = names(model, version)
+        for key in ("min_worker", "max_worker", "synchronous"):
+            args[key] = request.args.get(key)
+        return call("scale", args)
+
+    @app.delete("/models/<model>")
+    @app.delete("/models/<model>/<version>")
+    def unregister(model: str, version: str | None = None) -> Response:
+        return call("unregister", names(model, version))
+
+    @app.put("/models/<model>/<version>/set-default")
+    def set_default(model: str, version: str) -> Response:
+        return call("set_default", names(model, version))
+
+    @app.get("/token")
+    def token() -> Response:
+        return call("token", {"type": request.args.get("type")})
+
+    @app.errorhandler(MservdError)
+    def on_error(exc: MservdError) -> Response:
+        headers = dict(exc.headers)
+        return Response(exc.to_body(), status=exc.http_status, content_type="application/json",
+                        headers=headers)
+
+    @app.errorhandler(ControllerGone)
+    def on_gone(exc: ControllerGone) -> Response:
+        return on_error(NoWorker(str(exc)))
+
+    @app.errorhandler(HTTPException)
+    def on_http(exc: HTTPException) -> Response:
+        code = exc.code or 500
+        kinds = {404: "ResourceNotFoundException", 405: "MethodNotAllowed"}
+        message = (f"Requested resource is not found: {request.method} {request.path}"
+                   if code == 404 else exc.description or exc.name)
+        return Response(error_body(code, kinds.get(code, exc.name), message), status=code,
+                        content_type="application/json")
+
+    @app.errorhandler(Exception)
+    def on_bug(exc: Exception) -> Response:
+        log.exception("management request %s %s failed", request.method, request.path)
+        return Response(error_body(500, "InternalServerException", f"{type(exc).__name__}: {exc}"),
+                        status=500, content_type="application/json")
+
+    return app

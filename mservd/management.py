@@ -1,0 +1,400 @@
+"""The management verbs: register, scale, describe, list, unregister, set-default, ping, token.
+
+Each verb runs inside the controller's loop and returns a ``Reply`` at once, or ``None`` after
+arranging a later answer (a synchronous register waits for its workers; unpacking an archive
+runs on the controller's helper thread). It changes state only through the registry and the
+supervisor, and never blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import archiver
+from archiver import ArchiveError, UnpackLimits
+from archiver.manifest import validate_model_name, validate_version
+from mservd.config import ConfigError, read_model_yaml, resolve_model_settings
+from mservd.errors import (
+    BadRequest,
+    Conflict,
+    MethodNotAllowed,
+    ModelNotFound,
+    MservdError,
+    ResourceNotFound,
+)
+from mservd.registry import ModelVersion
+
+if TYPE_CHECKING:
+    from mservd.controller import Controller, Reply
+
+log = logging.getLogger(__name__)
+
+Respond = Callable[["Reply"], None]
+
+DOWNLOAD_TIMEOUT = 60.0
+
+
+def _flag(value: Any, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise BadRequest(f"Invalid boolean {value!r}: use true or false.")
+
+
+def _int(args: dict[str, Any], key: str, default: int | None = None) -> int | None:
+    value = args.get(key)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise BadRequest(f"Parameter {key} must be an integer, got {value!r}.") from None
+
+
+class Management:
+    def __init__(self, controller: Controller) -> None:
+        self.ctl = controller
+        self.settings = controller.settings
+        self.store = Path(self.settings.model_store).resolve() if self.settings.model_store else None
+        self.limits = UnpackLimits(max_bytes=self.settings.max_archive_bytes,
+                                   max_files=self.settings.max_archive_files)
+
+    def call(self, op: str, args: dict[str, Any], token: str | None, respond: Respond):
+        verb = getattr(self, f"op_{op}", None)
+        if verb is None:
+            raise ResourceNotFound(f"Unknown management operation {op!r}.")
+        if op in ("register", "unregister") and not self.settings.enable_model_api:
+            raise MethodNotAllowed(
+                "Model registration is disabled. Start mservd with --enable-model-api "
+                "(or enable_model_api=true) to register and unregister models over the API.")
+        if op == "token":
+            return verb(args, token)
+        return verb(args, respond)
+
+    # -- register -----------------------------------------------------------------------
+
+    def op_register(self, args: dict[str, Any], respond: Respond, *, startup: bool = False):
+        from mservd.controller import Reply, Waiter
+
+        url = args.get("url")
+        if not url:
+            raise BadRequest("Parameter url is required: the archive's file name in the model "
+                             "store, e.g. url=resnet18.mar.")
+        synchronous = _flag(args.get("synchronous"), True)
+        api_args = {k: args.get(k) for k in ("batch_size", "max_batch_delay", "initial_workers",
+                                              "response_timeout", "startup_timeout",
+                                              "min_worker", "max_worker")}
+        is_remote = urllib.parse.urlsplit(str(url)).scheme in ("http", "https")
+        ctl = self.ctl
+
+        def after_fetch(path: Path) -> None:
+            try:
+                manifest = archiver.read_manifest(path)
+                name = args.get("model_name") or manifest.model_name
+                validate_model_name(name)
+                version = manifest.model_version
+                validate_version(version)
+            except (ArchiveError, ValueError) as exc:
+                respond(Reply.error(BadRequest(str(exc))))
+                return
+            key = (name, version)
+            if ctl.registry.has_version(name, version) or key in ctl.loading:
+                respond(Reply.error(Conflict(
+                    f"Model version {version} is already registered for model {name}")))
+                return
+            ctl.loading.add(key)
+            dest = ctl.run_dir / "models" / name / f"{version}-{uuid.uuid4().hex[:8]}"
+            ctl.submit(archiver.unpack, lambda f: after_unpack(f, name, version, dest),
+                       path, dest, self.limits)
+
+        def after_unpack(future: Future, name: str, version: str, dest: Path) -> None:
+            ctl.loading.discard((name, version))
+            try:
+                manifest = future.result()
+                model_yaml = {}
+                if manifest.config_file:
+                    model_yaml = read_model_yaml(dest / manifest.config_file)
+                settings = resolve_model_settings(self.settings, name, version,
+                                                  model_yaml=model_yaml, api=api_args,
+                                                  gpu_count=ctl.gpu_count)
+            except (ArchiveError, ConfigError, OSError) as exc:
+                shutil.rmtree(dest, ignore_errors=True)
+                respond(Reply.error(BadRequest(str(exc))))
+                return
+            doc = manifest.to_dict()
+            if args.get("handler"):
+                doc["model"]["handler"] = args["handler"]
+            if not doc["model"].get("handler"):
+                shutil.rmtree(dest, ignore_errors=True)
+                respond(Reply.error(BadRequest(
+                    f"Archive {url!r} names no handler; pass handler=... or rebuild it with "
+                    "model-archiver --handler.")))
+                return
+            doc["model"]["modelName"] = name
+            mv = ModelVersion(name=name, version=version, url=str(url), model_dir=dest,
+                              manifest=doc, settings=settings, model_yaml=model_yaml,
+                              loaded_at_startup=startup)
+            ctl.registry.add(mv, make_default=settings.default_version)
+            log.info("registered %s version %s from %s (%d workers, batch %d)", name, version,
+                     url, mv.target_workers, settings.batch_size)
+            ctl.reconcile_pools(time.monotonic())
+            done = f'Model "{name}" Version: {version} registered with {mv.target_workers} ' \
+                   "initial workers"
+            if not synchronous or mv.target_workers == 0:
+                respond(Reply(200 if mv.target_workers == 0 else 202, {"status": done}))
+                return
+
+            def check(now: float):
+                if ctl.supervisor.is_failed(mv):
+                    return self._failed_register(mv)
+                if mv.live_count() >= mv.target_workers:
+                    return Reply(200, {"status": done})
+                return None
+
+            def timed_out():
+                mv.load_error = mv.load_error or (
+                    f"Workers were not ready within startup_timeout ({settings.startup_timeout} s).")
+                return self._failed_register(mv)
+
+            ctl.wait_for(Waiter(respond, check, time.monotonic() + settings.startup_timeout + 5,
+                                timed_out))
+
+        if is_remote:
+            self._check_allowed(str(url))
+            ctl.submit(self._download, lambda f: self._after(f, respond, after_fetch), str(url))
+            return None
+        after_fetch(self._store_path(str(url)))
+        return None
+
+    def _after(self, future: Future, respond: Respond, then: Callable[[Path], None]) -> None:
+        from mservd.controller import Reply
+
+        try:
+            path = future.result()
+        except MservdError as exc:
+            respond(Reply.error(exc))
+            return
+        except Exception as exc:
+            respond(Reply.error(BadRequest(f"Download failed: {type(exc).__name__}: {exc}")))
+            return
+        then(path)
+
+    def _failed_register(self, mv: ModelVersion):
+        from mservd.controller import Reply
+
+        error = mv.load_error or "the workers exited while loading"
+        message = f"Failed to start workers for model {mv.name} version: {mv.version}"
+        if self.ctl.registry.has_version(mv.name, mv.version):
+            self.ctl.registry.remove(mv.name, mv.version)
+            self.ctl.retire(mv)
+        first = error.splitlines()[0] if error else ""
+        body = {"code": 500, "type": "InternalServerException",
+                "message": f"{message}: {first}", "traceback": error}
+        return Reply(500, body)
+
+    def _store_path(self, url: str) -> Path:
+        if url.startswith("file://"):
+            url = urllib.parse.urlsplit(url).path
+        if self.store is None:
+            raise BadRequest("No model store is configured; start mservd with --model-store.")
+        candidate = Path(url)
+        if ".." in candidate.parts:
+            raise BadRequest(f"Invalid url {url!r}: '..' is not allowed; name an archive "
+                             "inside the model store.")
+        path = (self.store / candidate).resolve()
+        if not path.is_relative_to(self.store):
+            raise BadRequest(f"Invalid url {url!r}: it points outside the model store "
+                             f"{str(self.store)!r}.")
+        if not path.exists():
+            raise ModelNotFound(f"Model not found in model store: {url}")
+        return path
+
+    def _check_allowed(self, url: str) -> None:
+        patterns = self.settings.allowed_urls
+        if not any(re.fullmatch(p, url) for p in patterns):
+            raise BadRequest(f"URL {url!r} is not allowed: it matches no allowed_urls pattern. "
+                             "Add a pattern to allowed_urls in config.properties to allow it.")
+
+    def _download(self, url: str) -> Path:
+        """Fetch an allowed URL into the model store, with a size cap and a timeout."""
+        if self.store is None:
+            raise BadRequest("No model store is configured to download into.")
+        name = Path(urllib.parse.urlsplit(url).path).name
+        if not name or name.startswith("."):
+            raise BadRequest(f"URL {url!r} names no archive file.")
+        target = self.store / name
+        if target.exists():
+            raise Conflict(f"Archive {name} already exists in the model store.")
+        tmp = target.with_name(f".{name}.{uuid.uuid4().hex[:8]}.part")
+        cap = self.settings.max_archive_bytes
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as answer, open(tmp, "wb") as out:
+            total = 0
+            while chunk := answer.read(1 << 20):
+                total += len(chunk)
+                if total > cap:
+                    out.close()
+                    tmp.unlink(missing_ok=True)
+                    raise BadRequest(f"Download of {url!r} passed max_archive_bytes ({cap}).")
+                out.write(chunk)
+        tmp.replace(target)
+        return target
+
+    # -- scale, describe, list, unregister, default ---------------------------------------
+
+    def op_scale(self, args: dict[str, Any], respond: Respond):
+        from mservd.controller import Reply, Waiter
+
+        mv = self.ctl.registry.get(args["model"], args.get("version"))
+        min_worker = _int(args, "min_worker", 1)
+        max_worker = _int(args, "max_worker", max(min_worker, mv.max_workers))
+        if min_worker < 0 or max_worker < 0:
+            raise BadRequest("min_worker and max_worker must not be negative.")
+        if max_worker < min_worker:
+            raise BadRequest(f"max_worker ({max_worker}) must be >= min_worker ({min_worker}).")
+        synchronous = _flag(args.get("synchronous"), False)
+        mv.target_workers = min_worker
+        mv.max_workers = max_worker
+        self.ctl.supervisor.restarts.pop(mv.key, None)  # a scale call retries a failed model
+        self.ctl.reconcile_pools(time.monotonic())
+        if not synchronous:
+            return Reply(202, {"status": "Processing worker updates..."})
+
+        def check(now: float):
+            workers = list(mv.workers.values())
+            if len(workers) == mv.target_workers and all(w.is_ready for w in workers):
+                return Reply(200, {"status": f"Workers scaled to {mv.target_workers} for model: "
+                                             f"{mv.name}"})
+            if self.ctl.supervisor.is_failed(mv):
+                return Reply(500, {"code": 500, "type": "InternalServerException",
+                                   "message": f"Failed to start workers for model {mv.name} "
+                                              f"version: {mv.version}: {mv.load_error}"})
+            return None
+
+        def timed_out():
+            return Reply(500, {"code": 500, "type": "InternalServerException",
+                               "message": f"Workers for model {mv.name} were not scaled to "
+                                          f"{mv.target_workers} within startup_timeout."})
+
+        self.ctl.wait_for(Waiter(respond, check,
+                                 time.monotonic() + mv.settings.startup_timeout + 5, timed_out))
+        return None
+
+    def op_describe(self, args: dict[str, Any], respond: Respond):
+        from mservd.controller import Reply
+
+        name, version = args["model"], args.get("version")
+        registry = self.ctl.registry
+        if version == "all":
+            versions = registry.versions(name)
+        else:
+            versions = [registry.get(name, version)]
+        return Reply(200, [self.describe(mv) for mv in versions])
+
+    def describe(self, mv: ModelVersion) -> dict[str, Any]:
+        import psutil
+
+        workers = []
+        for worker in sorted(mv.workers.values(), key=lambda w: int(w.id)):
+            try:
+                memory = psutil.Process(worker.pid).memory_info().rss
+            except psutil.Error:
+                memory = 0
+            workers.append({
+                "id": worker.id,
+                "startTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(worker.started)) + "Z",
+                "status": worker.state.value if not worker.stop_requested else "STOPPING",
+                "memoryUsage": memory,
+                "pid": worker.pid,
+                "gpu": worker.gpu_id is not None,
+                "gpuUsage": f"gpuId::{worker.gpu_id}" if worker.gpu_id is not None else "N/A",
+            })
+        s = mv.settings
+        out = {
+            "modelName": mv.name,
+            "modelVersion": mv.version,
+            "modelUrl": mv.url,
+            "runtime": mv.manifest.get("runtime", "python"),
+            "minWorkers": mv.target_workers,
+            "maxWorkers": mv.max_workers,
+            "batchSize": s.batch_size,
+            "maxBatchDelay": s.max_batch_delay,
+            "responseTimeout": s.response_timeout,
+            "startupTimeout": s.startup_timeout,
+            "loadedAtStartup": mv.loaded_at_startup,
+            "isDefault": self.ctl.registry.default_version(mv.name) == mv.version,
+            "workers": workers,
+            "jobQueueStatus": {"remainingCapacity": mv.batcher.remaining_capacity,
+                               "pendingRequests": len(mv.batcher)},
+        }
+        if mv.load_error:
+            out["loadError"] = mv.load_error
+        return out
+
+    def op_list(self, args: dict[str, Any], respond: Respond):
+        from mservd.controller import Reply
+
+        limit = _int(args, "limit", 100)
+        start = _int(args, "next_page_token", 0)
+        if limit <= 0 or start < 0:
+            raise BadRequest("limit must be positive and next_page_token not negative.")
+        names = self.ctl.registry.names()
+        page = names[start:start + limit]
+        body: dict[str, Any] = {"models": [
+            {"modelName": n, "modelUrl": self.ctl.registry.get(n).url} for n in page]}
+        if start + limit < len(names):
+            body = {"nextPageToken": str(start + limit), **body}
+        return Reply(200, body)
+
+    def op_unregister(self, args: dict[str, Any], respond: Respond):
+        from mservd.controller import Reply
+
+        name = args["model"]
+        mv = self.ctl.registry.remove(name, args.get("version"))
+        self.ctl.retire(mv)
+        log.info("unregistered %s version %s", mv.name, mv.version)
+        return Reply(200, {"status": f'Model "{name}" unregistered'})
+
+    def op_set_default(self, args: dict[str, Any], respond: Respond):
+        from mservd.controller import Reply
+
+        name, version = args["model"], args["version"]
+        self.ctl.registry.set_default(name, version)
+        return Reply(200, {"status": f'Default version successfully updated for model "{name}" '
+                                     f'to "{version}"'})
+
+    def op_ping(self, args: dict[str, Any], respond: Respond):
+        from mservd.controller import Reply
+
+        if self.ctl.healthy():
+            return Reply(200, {"status": "Healthy"})
+        return Reply(500, {"status": "Unhealthy"})
+
+    def op_token(self, args: dict[str, Any], token: str | None):
+        from mservd.controller import Reply
+
+        if self.ctl.keys is None:
+            raise BadRequest("Token authorization is disabled; there are no keys to rotate.")
+        kind = args.get("type") or ""
+        key = self.ctl.keys.rotate(token, kind)
+        return Reply(200, {"type": kind, "key": key})
+
+    def op_metrics(self, args: dict[str, Any], respond: Respond):
+        from mservd.controller import Reply
+        from mservd.metrics import CONTENT_TYPE, render
+
+        return Reply(200, render(self.ctl), content_type=CONTENT_TYPE)

@@ -1,0 +1,137 @@
+"""The model registry: name → versions → settings, queue and workers, and a default version.
+
+Pure bookkeeping owned by the controller; it imports neither ZeroMQ nor Flask and does no IO.
+Lookups raise the client-facing errors with the wording users see.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mservd.batcher import Batcher
+from mservd.errors import Forbidden, ModelNotFound
+
+if TYPE_CHECKING:
+    from mservd.config import ModelSettings
+    from mservd.supervisor import Worker
+
+
+@dataclass
+class ModelVersion:
+    """One loaded version of a model: its settings, its queue and its worker pool."""
+
+    name: str
+    version: str
+    url: str
+    model_dir: Path
+    manifest: dict[str, Any]
+    settings: ModelSettings
+    model_yaml: dict[str, Any]
+    loaded_at_startup: bool = False
+    target_workers: int = 0
+    max_workers: int = 0
+    workers: dict[str, Worker] = field(default_factory=dict)
+    load_error: str | None = None
+    registered_at: float = field(default_factory=time.time)
+    batcher: Batcher = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.batcher = Batcher(s.batch_size, s.max_batch_delay / 1000.0, s.job_queue_size)
+        self.target_workers = s.min_workers
+        self.max_workers = s.max_workers
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.name, self.version)
+
+    @property
+    def handler(self) -> str:
+        return (self.manifest.get("model") or {}).get("handler") or ""
+
+    def ready_workers(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w.is_ready]
+
+    def live_count(self) -> int:
+        return sum(1 for w in self.workers.values() if w.is_ready)
+
+
+@dataclass
+class ModelEntry:
+    versions: dict[str, ModelVersion] = field(default_factory=dict)
+    default_version: str | None = None
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._models: dict[str, ModelEntry] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._models
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def all_versions(self) -> list[ModelVersion]:
+        return [mv for entry in self._models.values() for mv in entry.versions.values()]
+
+    def has_version(self, name: str, version: str) -> bool:
+        entry = self._models.get(name)
+        return entry is not None and version in entry.versions
+
+    def add(self, mv: ModelVersion, make_default: bool = False) -> None:
+        entry = self._models.setdefault(mv.name, ModelEntry())
+        entry.versions[mv.version] = mv
+        if make_default or entry.default_version is None:
+            entry.default_version = mv.version
+
+    def get(self, name: str, version: str | None = None) -> ModelVersion:
+        """The named version, or the default one when ``version`` is None."""
+        entry = self._models.get(name)
+        if entry is None:
+            raise ModelNotFound(f"Model not found: {name}")
+        if version is None:
+            version = entry.default_version
+        mv = entry.versions.get(version) if version is not None else None
+        if mv is None:
+            raise ModelNotFound(f"Model version: {version} does not exist for model: {name}")
+        return mv
+
+    def default_version(self, name: str) -> str | None:
+        entry = self._models.get(name)
+        return entry.default_version if entry else None
+
+    def versions(self, name: str) -> list[ModelVersion]:
+        entry = self._models.get(name)
+        if entry is None:
+            raise ModelNotFound(f"Model not found: {name}")
+        return [entry.versions[v] for v in sorted(entry.versions, key=_version_key)]
+
+    def set_default(self, name: str, version: str) -> None:
+        self.get(name, version)
+        self._models[name].default_version = version
+
+    def remove(self, name: str, version: str | None) -> ModelVersion:
+        """Drop one version; the default may go only when it is the last one."""
+        mv = self.get(name, version)
+        entry = self._models[name]
+        if mv.version == entry.default_version and len(entry.versions) > 1:
+            raise Forbidden(
+                f"Cannot remove default version {mv.version} for model {name}. "
+                "Set another version as default first."
+            )
+        del entry.versions[mv.version]
+        if not entry.versions:
+            del self._models[name]
+        return mv
+
+
+def _version_key(version: str) -> tuple:
+    """Sort ``1.10`` after ``1.9``; fall back to text for versions that are not numbers."""
+    parts = []
+    for piece in version.replace("-", ".").split("."):
+        parts.append((0, int(piece), "") if piece.isdigit() else (1, 0, piece))
+    return tuple(parts)

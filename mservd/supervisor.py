@@ -1,0 +1,273 @@
+"""Backend worker processes: spawn, stop, reap, and restart with back-off.
+
+The supervisor knows processes, not requests: the controller hands it model versions and asks
+it to make the live workers match each version's target. It starts workers with
+``subprocess`` (a fresh interpreter each: never a fork of the controller, which holds a ZeroMQ
+context), gives each a device (``cuda:<gpu_id>`` round-robin, or a share of the CPU cores) and
+sends its stdout and stderr to the model's log file.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from mservd.registry import ModelVersion
+
+log = logging.getLogger(__name__)
+
+EXIT_LOAD_FAILED = 3
+
+
+class WorkerState(enum.Enum):
+    STARTING = "STARTING"
+    IDLE = "READY"
+    BUSY = "BUSY"
+    STOPPING = "STOPPING"
+
+
+@dataclass(eq=False)
+class Worker:
+    id: str
+    model: str
+    version: str
+    proc: subprocess.Popen
+    gpu_id: int | None
+    started: float = field(default_factory=time.time)
+    spawned_at: float = field(default_factory=time.monotonic)
+    state: WorkerState = WorkerState.STARTING
+    batch: dict[bytes, Any] = field(default_factory=dict)
+    batch_deadline: float = 0.0
+    stop_requested: bool = False
+    mv: Any = None  # the ModelVersion served; set by spawn_worker
+
+    @property
+    def identity(self) -> bytes:
+        return self.id.encode()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def is_ready(self) -> bool:
+        return self.state in (WorkerState.IDLE, WorkerState.BUSY) and not self.stop_requested
+
+
+def backoff_delay(failures: int) -> float:
+    """1, 1, 2, 3, 5, 8 … seconds after consecutive failures, capped at a minute."""
+    a, b = 1, 1
+    for _ in range(max(0, failures - 1)):
+        a, b = b, a + b
+    return float(min(a, 60))
+
+
+@dataclass
+class RestartState:
+    failures: int = 0
+    next_spawn_at: float = 0.0
+    ever_loaded: bool = False
+    failed: bool = False
+
+
+class Supervisor:
+    def __init__(
+        self,
+        endpoint: str,
+        log_dir: Path,
+        gpu_count: int,
+        send_stop: Callable[[Worker], None],
+        worker_spec_extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.log_dir = log_dir
+        self.gpu_count = gpu_count
+        self.send_stop = send_stop
+        self.spec_extra = worker_spec_extra or {}
+        self.workers: dict[bytes, Worker] = {}
+        self.restarts: dict[tuple[str, str], RestartState] = {}
+        self._next_id = 9000
+        self._next_gpu = 0
+        self._logs: dict[str, Any] = {}
+
+    # -- verbs ---------------------------------------------------------------
+
+    def spawn_worker(self, mv: ModelVersion, total_workers: int) -> Worker:
+        worker_id = str(self._next_id)
+        self._next_id += 1
+        gpu_id = self._pick_gpu(mv)
+        cores = os.cpu_count() or 1
+        spec = {
+            "worker_id": worker_id,
+            "endpoint": self.endpoint,
+            "model_name": mv.name,
+            "version": mv.version,
+            "model_dir": str(mv.model_dir),
+            "manifest": mv.manifest,
+            "handler": mv.handler,
+            "batch_size": mv.settings.batch_size,
+            "gpu_id": gpu_id,
+            "threads": max(1, cores // max(1, total_workers)) if gpu_id is None else None,
+            "model_yaml": mv.model_yaml,
+            **self.spec_extra,
+        }
+        logfile = self._log_for(mv.name)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mservd.worker", json.dumps(spec)],
+            stdin=subprocess.DEVNULL,
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            close_fds=True,
+        )
+        worker = Worker(worker_id, mv.name, mv.version, proc, gpu_id, mv=mv)
+        self.workers[worker.identity] = worker
+        mv.workers[worker.id] = worker
+        log.info("spawned worker %s (pid %d) for %s/%s on %s", worker_id, proc.pid, mv.name,
+                 mv.version, f"cuda:{gpu_id}" if gpu_id is not None else "cpu")
+        return worker
+
+    def stop_worker(self, worker: Worker) -> None:
+        """Ask a worker to exit after its current batch; ``reap_workers`` collects it."""
+        if worker.stop_requested:
+            return
+        worker.stop_requested = True
+        if worker.state in (WorkerState.IDLE, WorkerState.STARTING):
+            self._send_stop_or_term(worker)
+        # a busy worker gets STOP when its batch comes back
+
+    def finish_stop(self, worker: Worker) -> None:
+        """Called when a worker that was asked to stop has finished its batch."""
+        self._send_stop_or_term(worker)
+
+    def _send_stop_or_term(self, worker: Worker) -> None:
+        was_starting = worker.state is WorkerState.STARTING
+        worker.state = WorkerState.STOPPING
+        if worker.proc.poll() is not None:
+            return
+        if was_starting:
+            worker.proc.terminate()  # still loading: it reads no messages yet
+        else:
+            self.send_stop(worker)
+
+    def kill_worker(self, worker: Worker, why: str) -> None:
+        log.warning("killing worker %s (pid %d): %s", worker.id, worker.pid, why)
+        if worker.proc.poll() is None:
+            worker.proc.kill()
+
+    def reap_workers(self) -> list[tuple[Worker, int]]:
+        """Collect exited workers; the caller answers their in-flight requests."""
+        dead = []
+        for identity, worker in list(self.workers.items()):
+            code = worker.proc.poll()
+            if code is None:
+                continue
+            del self.workers[identity]
+            dead.append((worker, code))
+            if not worker.stop_requested:
+                log.warning("worker %s (pid %d) of %s/%s exited unexpectedly: %s", worker.id,
+                            worker.pid, worker.model, worker.version, describe_exit(code))
+        return dead
+
+    def reconcile(self, mv: ModelVersion, now: float, total_workers: int) -> None:
+        """Spawn or stop workers until the version's live pool matches its target."""
+        state = self.restarts.setdefault(mv.key, RestartState())
+        alive = [w for w in mv.workers.values() if not w.stop_requested]
+        missing = mv.target_workers - len(alive)
+        if missing > 0 and not state.failed and now >= state.next_spawn_at:
+            for _ in range(missing):
+                self.spawn_worker(mv, total_workers)
+        elif missing < 0:
+            order = {WorkerState.STARTING: 0, WorkerState.IDLE: 1, WorkerState.BUSY: 2}
+            for worker in sorted(alive, key=lambda w: order.get(w.state, 3))[:-missing]:
+                self.stop_worker(worker)
+
+    def record_ready(self, mv: ModelVersion) -> None:
+        state = self.restarts.setdefault(mv.key, RestartState())
+        state.failures = 0
+        state.ever_loaded = True
+        state.failed = False
+
+    def record_crash(self, mv: ModelVersion, code: int, now: float) -> None:
+        """Schedule the next spawn after a back-off; a model that never loaded is FAILED."""
+        state = self.restarts.setdefault(mv.key, RestartState())
+        if code == EXIT_LOAD_FAILED and not state.ever_loaded:
+            state.failed = True
+            return
+        state.failures += 1
+        state.next_spawn_at = now + backoff_delay(state.failures)
+
+    def is_failed(self, mv: ModelVersion) -> bool:
+        state = self.restarts.get(mv.key)
+        return bool(state and state.failed)
+
+    def forget(self, mv: ModelVersion) -> None:
+        self.restarts.pop(mv.key, None)
+
+    def terminate_all(self, grace: float) -> None:
+        """TERM every worker, wait up to ``grace`` seconds, then KILL the rest."""
+        for worker in self.workers.values():
+            if worker.proc.poll() is None:
+                worker.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for worker in self.workers.values():
+            remaining = deadline - time.monotonic()
+            try:
+                worker.proc.wait(timeout=max(0.0, remaining))
+            except subprocess.TimeoutExpired:
+                worker.proc.kill()
+                worker.proc.wait()
+        self.workers.clear()
+        for handle in self._logs.values():
+            handle.close()
+
+    # -- helpers -------------------------------------------------------------
+
+    def _pick_gpu(self, mv: ModelVersion) -> int | None:
+        if mv.settings.device_type == "cpu" or self.gpu_count <= 0:
+            return None
+        ids = list(mv.settings.device_ids) or list(range(self.gpu_count))
+        gpu = ids[self._next_gpu % len(ids)]
+        self._next_gpu += 1
+        return gpu
+
+    def _log_for(self, model: str):
+        handle = self._logs.get(model)
+        if handle is None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            handle = open(self.log_dir / f"model_{model}.log", "ab", buffering=0)
+            self._logs[model] = handle
+        return handle
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        hint = " (perhaps out of memory?)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    if code == EXIT_LOAD_FAILED:
+        return "exit code 3 (the handler failed to load)"
+    return f"exit code {code}"
+
+
+def detect_gpus() -> int:
+    """GPUs this daemon may use, found without importing torch into the controller."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0

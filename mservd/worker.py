@@ -1,0 +1,216 @@
+"""The backend worker: one OS process serving one model version.
+
+It loads the handler once (``initialize``), tells the controller it is ready (or why it could
+not load, then exits with code 3), and then runs batches until told to stop. It knows its model,
+its device and its socket, nothing else. A batch that raises fails only itself; the worker lives
+on. The worker exits by itself when the controller goes away (parent-death signal, and a ppid
+check each second), so no worker outlives its daemon.
+
+Run as ``python -m mservd.worker SPEC_JSON``; the controller writes the spec.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+import zmq
+
+from mservd import protocol
+from mservd.errors import error_body
+from mservd.payload import decode_input, encode_output
+
+log = logging.getLogger("mservd.worker")
+
+EXIT_LOAD_FAILED = 3
+POLL_MS = 1000
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the controller exits, even by SIGKILL."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the ppid check in the loop still ends the worker
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:
+            pass  # already set by an earlier parallel op
+
+
+def load(spec: dict[str, Any]):
+    """Build the Context and the initialised handler described by the controller's spec."""
+    from handlers.context import Context
+    from handlers.loader import load_handler
+    from handlers.ts_compat import install_ts_aliases
+
+    install_ts_aliases()  # handlers written for TorchServe import ts.*
+
+    context = Context(
+        spec["model_name"],
+        spec["model_dir"],
+        spec["manifest"],
+        spec["batch_size"],
+        spec["gpu_id"],
+        spec.get("server_version", "mservd"),
+        limit_max_image_pixels=spec.get("limit_max_image_pixels", True),
+        model_yaml_config=spec.get("model_yaml") or {},
+    )
+    handler = load_handler(spec["model_dir"], spec["handler"])
+    handler.initialize(context)
+    return handler, context
+
+
+def run_batch(handler, context, frames: list[bytes], max_response_size: int) -> list[bytes]:
+    """Run one BATCH message through the handler; the DONE message's frames, one answer each."""
+    requests = protocol.parse_batch(frames)
+    data = []
+    for req in requests:
+        row = {}
+        for (name, content_type), payload in zip(req.inputs, req.payloads):
+            row[name] = decode_input(content_type, payload)
+        data.append(row)
+    context.begin_batch([r.rid.decode() for r in requests], [r.headers for r in requests])
+    out = [protocol.DONE]
+    try:
+        outputs = handler.handle(data, context)
+        if not isinstance(outputs, (list, tuple)) or len(outputs) != len(requests):
+            got = len(outputs) if isinstance(outputs, (list, tuple)) else type(outputs).__name__
+            raise BatchShapeError(
+                f"Handler returned {got} outputs for a batch of {len(requests)} requests; "
+                "handle() must return a list with one item per request."
+            )
+    except Exception as exc:  # the handler's failure fails this batch only
+        status, type_, message = _describe_failure(exc)
+        log.error("batch of %d failed (%s): %s", len(requests), type_, message, exc_info=True)
+        reply = protocol.pack_reply(status, "application/json")
+        body = error_body(status, type_, message)
+        for req in requests:
+            out += [req.rid, reply, body]
+        return out
+
+    for idx, (req, item) in enumerate(zip(requests, outputs)):
+        out += [req.rid, *_encode_answer(context, idx, item, max_response_size)]
+    return out
+
+
+class BatchShapeError(Exception):
+    """The handler broke the contract: one output per request."""
+
+
+def _describe_failure(exc: BaseException) -> tuple[int, str, str]:
+    """Status, type and message of a failed batch: the handler's own code when it gave one."""
+    message = getattr(exc, "message", None) or str(exc)
+    code = getattr(exc, "error_code", None)
+    if isinstance(exc, BatchShapeError):
+        return 500, "InternalServerException", message
+    if isinstance(code, int) and 400 <= code <= 599:
+        return code, type(exc).__name__, message
+    if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():
+        return 507, "OutOfMemory", f"{type(exc).__name__}: {message}"
+    return 500, "InternalServerException", f"{type(exc).__name__}: {message}"
+
+
+def _encode_answer(context, idx: int, item: Any, max_response_size: int) -> list[bytes]:
+    from handlers.errors import RequestError
+
+    if isinstance(item, RequestError):
+        return [protocol.pack_reply(item.status, "application/json"),
+                error_body(item.status, item.type, item.message)]
+    meta = context.response_meta(idx)
+    try:
+        body, content_type = encode_output(item, meta.content_type)
+    except (TypeError, ValueError) as exc:
+        message = f"Handler output for request {idx} cannot be encoded: {exc}"
+        log.error(message)
+        return [protocol.pack_reply(500, "application/json"),
+                error_body(500, "InternalServerException", message)]
+    if len(body) > max_response_size:
+        message = (f"Response of {len(body)} bytes exceeds max_response_size "
+                   f"({max_response_size}).")
+        return [protocol.pack_reply(500, "application/json"),
+                error_body(500, "InternalServerException", message)]
+    status = meta.status or 200
+    return [protocol.pack_reply(status, content_type, meta.headers or None), body]
+
+
+def serve(spec: dict[str, Any]) -> int:
+    parent = os.getppid()
+    zctx = zmq.Context()
+    sock = zctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, spec["worker_id"].encode())
+    sock.connect(spec["endpoint"])
+    try:
+        handler, context = load(spec)
+    except BaseException as exc:  # any load failure must reach the register call
+        tb = traceback.format_exc()
+        log.error("loading %s failed:\n%s", spec["model_name"], tb)
+        message = f"{type(exc).__name__}: {exc}"
+        sock.send_multipart([protocol.FAILED, protocol.packb({"message": message, "traceback": tb})])
+        time.sleep(0.2)  # let the message leave before the context goes
+        sock.close(linger=1000)
+        return EXIT_LOAD_FAILED
+    sock.send_multipart([protocol.READY, protocol.packb({"pid": os.getpid()})])
+    log.info("worker %s ready: model %s version %s", spec["worker_id"], spec["model_name"],
+             spec["version"])
+    max_response_size = spec.get("max_response_size", 6553500)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    while True:
+        if not poller.poll(POLL_MS):
+            if os.getppid() != parent:
+                log.warning("controller is gone; worker %s exits", spec["worker_id"])
+                return 0
+            continue
+        frames = sock.recv_multipart()
+        kind = frames[0]
+        if kind == protocol.STOP:
+            log.info("worker %s stopping", spec["worker_id"])
+            return 0
+        if kind != protocol.BATCH:
+            log.error("worker dropped a message of kind %r", kind[:8])
+            continue
+        try:
+            reply = run_batch(handler, context, frames[1:], max_response_size)
+        except protocol.ProtocolError as exc:
+            log.error("worker dropped a malformed batch: %s", exc)
+            continue
+        sock.send_multipart(reply)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(argv[0])
+    logging.basicConfig(
+        level=spec.get("log_level", "INFO"),
+        format=f"%(asctime)s [pid {os.getpid()}] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us
+    _set_threads(spec.get("threads"))
+    if spec.get("model_dir") and spec["model_dir"] not in sys.path:
+        sys.path.insert(0, spec["model_dir"])
+    return serve(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

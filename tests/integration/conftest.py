@@ -1,0 +1,200 @@
+"""Running the real daemon on 127.0.0.1 for integration tests.
+
+Every listener binds port 0; the daemon runs in its own session with its logs under the test's
+tmp folder, and its ports come from the state file it writes when ready. Teardown sends TERM,
+then KILL to the group, and checks that no process of the daemon survives.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE_HANDLERS = REPO / "tests" / "fixtures" / "handlers"
+START_TIMEOUT = 180.0
+
+
+def _build_all():
+    spec = importlib.util.spec_from_file_location("build_all", REPO / "samples" / "build_all.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_archive(store: Path, name: str, handler: str, version: str = "1.0",
+                  config: dict[str, Any] | None = None, **kwargs: Any) -> Path:
+    import yaml
+
+    from archiver import write_archive as write
+
+    config_file = None
+    if config is not None:
+        config_file = store / f".{name}-{version}-model-config.yaml"
+        config_file.write_text(yaml.safe_dump(config))
+    export = store / f".build-{name}-{version}"
+    export.mkdir(exist_ok=True)
+    path = write(model_name=name, version=version, handler=str(FIXTURE_HANDLERS / handler),
+                 config_file=config_file, export_path=export, force=True, **kwargs)
+    target = store / (f"{name}.mar" if version == "1.0" else f"{name}-{version}.mar")
+    path.replace(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model store holding the real sample archives and the test fixtures' archives."""
+    folder = tmp_path_factory.getbasetemp() / "sample-archives"
+    _build_all().build_samples(export_path=folder)
+    write_archive(folder, "echo", "echo_handler.py")
+    write_archive(folder, "echo", "echo_handler.py", version="2.0")
+    write_archive(folder, "echobatch", "echo_handler.py",
+                  config={"batchSize": 8, "maxBatchDelay": 2000, "minWorkers": 1,
+                          "maxWorkers": 1})
+    write_archive(folder, "crash", "crash_on_init.py")
+    return folder
+
+
+class Daemon:
+    """One ``mservd start --foreground`` on loopback, with helpers to call its APIs."""
+
+    def __init__(self, workdir: Path, store: Path, properties: dict[str, Any] | None = None,
+                 args: tuple[str, ...] = ()) -> None:
+        self.workdir = workdir
+        self.store = store
+        self.log_dir = workdir / "logs"
+        props = {
+            "inference_address": "http://127.0.0.1:0",
+            "management_address": "http://127.0.0.1:0",
+            "metrics_address": "http://127.0.0.1:0",
+            "model_store": str(store),
+            "default_workers_per_model": 1,
+            "frontend_workers": 1,
+            "drain_timeout": 20,
+            **(properties or {}),
+        }
+        self.config = workdir / "config.properties"
+        self.config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+        self.state: dict[str, Any] = {}
+        self.session = requests.Session()
+
+    def start(self) -> Daemon:
+        out = open(self.workdir / "daemon.out", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mservd", "start", "--foreground", "--ts-config",
+             str(self.config), "--log-dir", str(self.log_dir), *self.args],
+            cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+        state_file = self.log_dir / "mservd.state.json"
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if state_file.exists():
+                self.state = json.loads(state_file.read_text())
+                return self
+            if self.proc.poll() is not None:
+                pytest.fail(f"mservd exited with {self.proc.returncode}:\n{self.logs()}")
+            time.sleep(0.1)
+        pytest.fail(f"mservd was not ready within {START_TIMEOUT} s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        parts = []
+        for name in ("daemon.out", "logs/mservd.log", "logs/frontend.log"):
+            path = self.workdir / name
+            if path.exists():
+                parts.append(f"--- {name}\n" + path.read_text(errors="replace")[-4000:])
+        for path in sorted(self.log_dir.glob("model_*.log")):
+            parts.append(f"--- {path.name}\n" + path.read_text(errors="replace")[-3000:])
+        return "\n".join(parts)
+
+    # -- addresses and keys -----------------------------------------------------------
+
+    def url(self, api: str, path: str) -> str:
+        return self.state["addresses"][api] + path
+
+    def key(self, kind: str) -> str | None:
+        if not self.state.get("key_file"):
+            return None
+        return json.loads(Path(self.state["key_file"]).read_text())[kind]["key"]
+
+    def _headers(self, kind: str, headers: dict[str, str] | None) -> dict[str, str]:
+        out = dict(headers or {})
+        key = self.key(kind)
+        if key and "Authorization" not in out:
+            out["Authorization"] = f"Bearer {key}"
+        return out
+
+    def predict(self, model: str, version: str | None = None, headers=None, timeout=60,
+                **kwargs: Any) -> requests.Response:
+        path = f"/predictions/{model}" + (f"/{version}" if version else "")
+        return self.session.post(self.url("inference", path),
+                                 headers=self._headers("inference", headers), timeout=timeout,
+                                 **kwargs)
+
+    def manage(self, method: str, path: str, timeout=120, headers=None,
+               **kwargs: Any) -> requests.Response:
+        return self.session.request(method, self.url("management", path),
+                                    headers=self._headers("management", headers),
+                                    timeout=timeout, **kwargs)
+
+    def describe(self, model: str, version: str | None = None) -> list[dict[str, Any]]:
+        answer = self.manage("GET", f"/models/{model}" + (f"/{version}" if version else ""))
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    def worker_pids(self, model: str, version: str | None = None) -> set[int]:
+        return {w["pid"] for w in self.describe(model, version)[0]["workers"]}
+
+    # -- stopping ----------------------------------------------------------------------
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """TERM, wait, then KILL the group; the daemon's exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        children = self.descendants()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            code = self.proc.wait()
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        for proc in alive:
+            proc.kill()
+        assert not alive, f"processes outlived the daemon: {[p.pid for p in alive]}"
+        return code
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path, store: Path):
+    started: list[Daemon] = []
+
+    def make(properties: dict[str, Any] | None = None, args: tuple[str, ...] = (),
+             name: str = "d") -> Daemon:
+        workdir = tmp_path / name
+        workdir.mkdir()
+        daemon = Daemon(workdir, store, properties, args)
+        started.append(daemon)
+        return daemon.start()
+
+    yield make
+    for daemon in started:
+        daemon.stop()
