@@ -146,6 +146,7 @@ def _write(
         tmp = Path(tempfile.mkdtemp(prefix=f".{model_name}.", suffix=".tmp", dir=export_dir))
         try:
             _write_directory(tmp, files, manifest)
+            tmp.chmod(0o755)  # mkdtemp makes it private; an archive is for others to read
             _move_into_place(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -162,6 +163,7 @@ def _write(
                     zipfile.ZIP_STORED if archive_format == "zip-store" else zipfile.ZIP_DEFLATED
                 )
                 _write_zip(tmp, method, files, manifest)
+            tmp.chmod(0o644)  # mkstemp makes it private; an archive is for others to read
             _move_into_place(tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)
