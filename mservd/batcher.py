@@ -33,6 +33,7 @@ class Batcher(Generic[T]):
         self.max_batch_delay = max(0.0, max_batch_delay)
         self.capacity = max(1, capacity)
         self._queue: deque[T] = deque()
+        self._soonest: float | None = float("inf")  # None: recompute on next read
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -46,11 +47,14 @@ class Batcher(Generic[T]):
         if len(self._queue) >= self.capacity:
             return False
         self._queue.append(item)
+        if self._soonest is not None and item.deadline < self._soonest:
+            self._soonest = item.deadline
         return True
 
     def push_front(self, item: T) -> None:
         """Put back a request whose worker died, ahead of the others and past the bound."""
         self._queue.appendleft(item)
+        self._soonest = None
 
     def take(self, now: float, any_busy: bool) -> list[T]:
         """The batch one idle worker should run now, or ``[]`` to keep waiting."""
@@ -61,23 +65,27 @@ class Batcher(Generic[T]):
             if now < queue[0].arrived + self.max_batch_delay:
                 return []
         count = min(self.batch_size, len(queue))
+        self._soonest = None
         return [queue.popleft() for _ in range(count)]
 
     def expire(self, now: float) -> list[T]:
-        """Take out the queued requests whose deadline has passed.
-
-        Deadlines are ``arrival + response timeout`` of one version, so they are in queue
-        order and only the front needs looking at.
-        """
-        queue = self._queue
-        expired = []
-        while queue and queue[0].deadline <= now:
-            expired.append(queue.popleft())
+        """Take out the queued requests whose deadline has passed (each may have its own)."""
+        if now < self._soonest_deadline():
+            return []
+        expired = [item for item in self._queue if item.deadline <= now]
+        self._queue = deque(item for item in self._queue if item.deadline > now)
+        self._soonest = None
         return expired
+
+    def _soonest_deadline(self) -> float:
+        if self._soonest is None:
+            self._soonest = min((item.deadline for item in self._queue), default=float("inf"))
+        return self._soonest
 
     def remove(self, predicate) -> list[T]:
         """Take out the requests ``predicate`` selects (a stopped model, a lost frontend)."""
         removed = [item for item in self._queue if predicate(item)]
+        self._soonest = None
         if removed:
             self._queue = deque(item for item in self._queue if not predicate(item))
         return removed
@@ -85,13 +93,14 @@ class Batcher(Generic[T]):
     def drain(self) -> list[T]:
         items = list(self._queue)
         self._queue.clear()
+        self._soonest = float("inf")
         return items
 
     def next_wakeup(self, any_busy: bool) -> float | None:
         """When ``take`` or ``expire`` may next have something to do, or None."""
         if not self._queue:
             return None
-        soonest = self._queue[0].deadline
+        soonest = self._soonest_deadline()
         if any_busy and len(self._queue) < self.batch_size:
             soonest = min(soonest, self._queue[0].arrived + self.max_batch_delay)
         return soonest

@@ -497,6 +497,16 @@ class Settings:
         default=10000,
         metadata=_meta("max_archive_files", "Most files an archive may hold.", _above(0)),
     )
+    default_request_timeout_ms: int = field(
+        default=0,
+        metadata=_meta(
+            "default_request_timeout_ms",
+            "Milliseconds a request may wait in a queue before it is answered 504 without being "
+            "computed; 0 means the model's response timeout. A request can ask for less with "
+            "the X-Request-Timeout-Ms header.",
+            _at_least(0),
+        ),
+    )
     drain_timeout: float = field(
         default=30.0,
         metadata=_meta(

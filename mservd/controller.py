@@ -154,6 +154,7 @@ class Controller:
                 self._last_maintenance = now
                 self.maintain(now)
             else:
+                self.expire_requests(now)
                 self.flush_due_batches(now)
             if not self.stopping and should_stop():
                 self.begin_stop(now)
@@ -217,8 +218,7 @@ class Controller:
                 raise NoWorker(f"No worker is available to serve model: {mv.name} "
                                f"version: {mv.version}. Check its workers with "
                                f"GET /models/{mv.name}/{mv.version}.")
-            pending = Pending(route.rid, fid, frames[3:], now,
-                              now + mv.settings.response_timeout)
+            pending = Pending(route.rid, fid, frames[3:], now, now + self.queue_timeout(mv, route))
             if not mv.batcher.add(pending):
                 raise QueueFull(
                     f"Model {mv.name} version {mv.version} has {mv.batcher.capacity} requests "
@@ -229,6 +229,15 @@ class Controller:
             return
         self.counts.accepted[mv.key] += 1
         self.dispatch(mv, now)
+
+    def queue_timeout(self, mv: ModelVersion, route: protocol.Route) -> float:
+        """Seconds a request may wait for a worker: its own ask, the default, the model's."""
+        limit = float(mv.settings.response_timeout)
+        if self.settings.default_request_timeout_ms:
+            limit = min(limit, self.settings.default_request_timeout_ms / 1000.0)
+        if route.timeout_ms is not None and route.timeout_ms >= 0:
+            limit = min(limit, route.timeout_ms / 1000.0)
+        return limit
 
     def on_manage(self, fid: bytes, header: bytes) -> None:
         call = protocol.unpackb(header)
@@ -392,9 +401,10 @@ class Controller:
     def expire_requests(self, now: float) -> None:
         for mv in self.registry.all_versions():
             for pending in mv.batcher.expire(now):
+                waited = now - pending.arrived
                 self.send_error(pending.fid, pending.rid, DeadlineExceeded(
-                    f"The request waited past its deadline ({mv.settings.response_timeout} s) "
-                    f"in the queue of model {mv.name} version {mv.version}."))
+                    f"The request waited {waited:.3f} s, past its deadline, in the queue of "
+                    f"model {mv.name} version {mv.version}; it was not computed."))
 
     def reconcile_pools(self, now: float) -> None:
         total = self.total_target_workers()

@@ -317,7 +317,8 @@ class Management:
             workers.append({
                 "id": worker.id,
                 "startTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(worker.started)) + "Z",
-                "status": worker.state.value if not worker.stop_requested else "STOPPING",
+                "status": "READY" if worker.is_ready else (
+                    "STOPPING" if worker.stop_requested else worker.state.value),
                 "memoryUsage": memory,
                 "pid": worker.pid,
                 "gpu": worker.gpu_id is not None,

@@ -17,7 +17,7 @@ opaque to it and forwarded as the same bytes::
                             DONE     | MSV1D | rid | reply | body | rid | reply | body | ... |
                             CHUNK    | MSV1C | rid | reply | body |
 
-    route = [rid, model, version or None, token or None, api]       (msgpack array)
+    route = [rid, model, version or None, token or None, api, timeout_ms or None]
     meta  = [[[name, content_type], ...], {header: value}, explain]  (msgpack array)
     reply = [status, content_type, {header: value}]                  (msgpack array)
 
@@ -77,21 +77,25 @@ class Route:
     version: str | None
     token: str | None
     api: str
+    timeout_ms: float | None = None  # the client's own queue deadline, if it sent one
 
 
 def predict_frames(route: Route, meta: bytes, inputs: Sequence[bytes]) -> list[bytes]:
-    header = packb([route.rid, route.model, route.version, route.token, route.api])
+    header = packb([route.rid, route.model, route.version, route.token, route.api,
+                    route.timeout_ms])
     return [PREDICT, header, meta, *inputs]
 
 
 def parse_route(frame: bytes) -> Route:
     fields = unpackb(frame)
-    if not isinstance(fields, list) or len(fields) != 5:
-        raise ProtocolError("route header must be a 5-item array")
-    rid, model, version, token, api = fields
+    if not isinstance(fields, list) or len(fields) != 6:
+        raise ProtocolError("route header must be a 6-item array")
+    rid, model, version, token, api, timeout_ms = fields
     if not isinstance(rid, bytes) or not isinstance(model, str):
         raise ProtocolError("route header has a bad request id or model name")
-    return Route(rid, model, version, token, api)
+    if timeout_ms is not None and not isinstance(timeout_ms, (int, float)):
+        raise ProtocolError("route header has a bad timeout")
+    return Route(rid, model, version, token, api, timeout_ms)
 
 
 def pack_meta(inputs: Sequence[tuple[str, str]], headers: dict[str, str], explain: bool) -> bytes:

@@ -73,7 +73,7 @@ class InferenceApp:
         rid_text = str(uuid.uuid4())
         rid = rid_text.encode()
         route = protocol.Route(rid, model, version, bearer_token(environ) if self.auth else None,
-                               protocol.API_INFERENCE)
+                               protocol.API_INFERENCE, request_timeout_ms(environ))
         frames = protocol.predict_frames(
             route, protocol.pack_meta(inputs, headers, parts[1] == "explanations"), payloads)
         reply = self.bridge.call(rid, frames, self.reply_timeout)
@@ -141,6 +141,21 @@ class InferenceApp:
         if environ.get("CONTENT_TYPE"):
             headers["content-type"] = environ["CONTENT_TYPE"]
         return headers
+
+
+def request_timeout_ms(environ: dict[str, Any]) -> float | None:
+    """The client's own queue deadline from ``X-Request-Timeout-Ms``, if it sent one."""
+    value = environ.get("HTTP_X_REQUEST_TIMEOUT_MS")
+    if value is None:
+        return None
+    try:
+        timeout = float(value)
+    except ValueError:
+        raise BadRequest(f"Invalid X-Request-Timeout-Ms {value!r}: give milliseconds, "
+                         "e.g. 250.") from None
+    if timeout < 0:
+        raise BadRequest(f"Invalid X-Request-Timeout-Ms {value!r}: it must not be negative.")
+    return timeout
 
 
 __all__ = ["InferenceApp", "respond_json"]

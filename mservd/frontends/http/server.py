@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from typing import Any, Callable
 
 from gunicorn.app.base import BaseApplication
 
 from mservd.errors import ResourceNotFound
+from mservd.lifeline import die_with_parent
 from mservd.frontends.bridge import Bridge
 from mservd.frontends.http.inference import InferenceApp
 from mservd.frontends.http.management import create_management_app
@@ -58,7 +60,7 @@ class FrontendServer(BaseApplication):
             "worker_connections": spec["connections"],
             "graceful_timeout": int(spec["graceful_timeout"]),
             "timeout": 0,
-            "keepalive": 75,
+            "keepalive": 5,  # an idle keep-alive connection holds up a graceful stop this long
             "backlog": 2048,
             "errorlog": spec["errorlog"],
             "loglevel": spec.get("log_level", "info").lower(),
@@ -77,6 +79,7 @@ class FrontendServer(BaseApplication):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(argv[0])
+    die_with_parent(signal.SIGTERM)  # a killed daemon takes its frontend with it, gracefully
     os.environ.pop("GUNICORN_FD", None)
     FrontendServer(spec).run()
     return 0

@@ -1,0 +1,158 @@
+"""Faults and overload: every accepted request gets exactly one answer, quickly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+import requests
+
+WORKER_DIED = {"code": 500, "type": "InternalServerException", "message": "Worker died."}
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def kill_three_workers(daemon, killed: list[int], answers: list) -> None:
+    for _ in range(3):
+        time.sleep(1.0)
+        pid = sorted(daemon.worker_pids("echo"))[0]
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        wait_until(lambda: len(ready_pids(daemon) - set(killed)) == 2, 60,
+                   "two live workers again")
+    count = len(answers)
+    wait_until(lambda: len(answers) > count + 8, 30, "more answers")
+
+
+def ready_pids(daemon) -> set[int]:
+    return {w["pid"] for w in daemon.describe("echo")[0]["workers"] if w["status"] == "READY"}
+
+
+def ping(daemon) -> int:
+    return requests.get(daemon.url("inference", "/ping"), timeout=10).status_code
+
+
+def test_killed_workers_are_replaced_and_every_request_is_answered(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar", "default_workers_per_model": 2})
+    stop = threading.Event()
+    answers: list[tuple[int, dict, float]] = []
+
+    def client(n: int) -> None:
+        session = requests.Session()
+        headers = {"Authorization": f"Bearer {daemon.key('inference')}"}
+        i = 0
+        while not stop.is_set():
+            started = time.monotonic()
+            answer = session.post(daemon.url("inference", "/predictions/echo"), timeout=60,
+                                  json={"sleep": 0.05, "client": n, "i": i}, headers=headers)
+            answers.append((answer.status_code, answer.json(), time.monotonic() - started))
+            i += 1
+
+    killed = []
+    with ThreadPoolExecutor(4) as pool:
+        for n in range(4):
+            pool.submit(client, n)
+        try:
+            kill_three_workers(daemon, killed, answers)
+        finally:
+            stop.set()
+    assert len(answers) > 20
+    for status, body, took in answers:
+        assert status == 200 or (status, body) == (500, WORKER_DIED) or status == 503, body
+        assert took < 30
+        if status == 200:
+            assert body["echo"]["sleep"] == 0.05
+    assert [s for s, _, _ in answers[-8:]] == [200] * 8  # success resumes
+    assert not daemon.worker_pids("echo") & set(killed)
+    assert ping(daemon) == 200
+
+
+def test_ping_is_unhealthy_while_a_model_is_below_min_workers(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar"})
+    assert ping(daemon) == 200
+    [pid] = daemon.worker_pids("echo")
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: ping(daemon) == 500, 10, "/ping to say Unhealthy")
+    answer = requests.get(daemon.url("inference", "/ping"), timeout=10)
+    assert answer.json() == {"status": "Unhealthy"}
+    wait_until(lambda: ping(daemon) == 200, 30, "/ping to recover")
+    assert daemon.predict("echo", json={"after": "restart"}).status_code == 200
+
+
+def test_a_hanging_handler_is_killed_at_response_timeout(daemon_factory) -> None:
+    daemon = daemon_factory(args=("--enable-model-api",))
+    answer = daemon.manage("POST", "/models", params={"url": "echo.mar", "response_timeout": 2})
+    assert answer.status_code == 200, answer.text
+    [pid] = daemon.worker_pids("echo")
+    started = time.monotonic()
+    hung = daemon.predict("echo", json={"sleep": 60})
+    took = time.monotonic() - started
+    assert (hung.status_code, hung.json()) == (500, WORKER_DIED)
+    assert took < 10
+    wait_until(lambda: psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+               if psutil.pid_exists(pid) else True, 10, "the hung worker to die")
+    new = wait_until(lambda: daemon.worker_pids("echo") - {pid}, 30, "a new worker")
+    assert new
+    wait_until(lambda: daemon.describe("echo")[0]["workers"][0]["status"] == "READY", 30,
+               "the new worker to load")
+    assert daemon.predict("echo", json={"ok": 1}).status_code == 200
+
+
+def test_a_full_queue_refuses_at_once_and_late_requests_get_504(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar", "job_queue_size": 3})
+
+    def slow(i: int):
+        started = time.monotonic()
+        answer = daemon.predict("echo", json={"sleep": 0.6, "i": i})
+        return answer, time.monotonic() - started
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(slow, range(12)))
+    accepted = [(a, t) for a, t in results if a.status_code == 200]
+    refused = [(a, t) for a, t in results if a.status_code == 503]
+    assert len(accepted) + len(refused) == 12
+    assert 1 <= len(accepted) <= 6 and len(refused) >= 6
+    for answer, took in refused:
+        assert answer.json()["type"] == "QueueFullException"
+        assert answer.headers["Retry-After"] == "1"
+        assert took < 0.5  # refused in milliseconds, not after waiting
+    for answer, _ in accepted:
+        assert answer.json()["echo"]["sleep"] == 0.6
+
+    # a request whose own deadline passes while the worker is busy is answered 504, never run
+    with ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(daemon.predict, "echo", json={"sleep": 1.0})
+        time.sleep(0.2)
+        late = daemon.predict("echo", json={"marker": "too-late"},
+                              headers={"X-Request-Timeout-Ms": "300"})
+        assert busy.result().status_code == 200
+    assert late.status_code == 504
+    assert late.json()["type"] == "RequestTimeoutException"
+    assert "it was not computed" in late.json()["message"]
+    time.sleep(0.5)
+    assert "too-late" not in (daemon.log_dir / "model_echo.log").read_text()
+    bad = daemon.predict("echo", json={}, headers={"X-Request-Timeout-Ms": "soon"})
+    assert bad.status_code == 400
+
+
+def test_sigkill_of_the_daemon_leaves_no_process_behind(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar", "default_workers_per_model": 2})
+    children = daemon.descendants()
+    assert len(children) >= 4  # frontend master + its worker + 2 model workers
+    daemon.proc.send_signal(signal.SIGKILL)
+    daemon.proc.wait()
+    _, alive = psutil.wait_procs(children, timeout=40)
+    assert alive == []
