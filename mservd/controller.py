@@ -205,6 +205,8 @@ class Controller:
             self.on_predict(fid, frames, now)
         elif kind == protocol.MANAGE:
             self.on_manage(fid, frames[2])
+        elif kind == protocol.CANCEL:
+            self.on_cancel(fid, frames[2])
         else:
             raise protocol.ProtocolError(f"frontends may not send {kind!r}")
 
@@ -229,6 +231,14 @@ class Controller:
             return
         self.counts.accepted[mv.key] += 1
         self.dispatch(mv, now)
+
+    def on_cancel(self, fid: bytes, rid: bytes) -> None:
+        """The client went away: a request still queued is dropped; a running one finishes."""
+        for mv in self.registry.all_versions():
+            if mv.batcher.remove(lambda p: p.rid == rid and p.fid == fid):
+                log.info("dropped request %s of %s/%s: its client went away", rid.decode(),
+                         mv.name, mv.version)
+                return
 
     def queue_timeout(self, mv: ModelVersion, route: protocol.Route) -> float:
         """Seconds a request may wait for a worker: its own ask, the default, the model's."""

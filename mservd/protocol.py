@@ -8,6 +8,7 @@ opaque to it and forwarded as the same bytes::
 
     frontend -> controller  PREDICT  | MSV1P | route | meta | input 0 | ... | input k |
                             MANAGE   | MSV1M | {"id", "op", "args", "token"}         |
+                            CANCEL   | MSV1X | rid |   (the client went away: drop it if queued)
     controller -> frontend  REPLY    | MSV1R | rid | reply | body |
                             CHUNK    | MSV1C | rid | reply | body |   (a streamed part)
     controller -> worker    BATCH    | MSV1B | rid | meta | inputs... | rid | meta | ... |
@@ -37,12 +38,13 @@ MANAGE = MAGIC + b"M"
 REPLY = MAGIC + b"R"
 CHUNK = MAGIC + b"C"
 BATCH = MAGIC + b"B"
+CANCEL = MAGIC + b"X"
 STOP = MAGIC + b"S"
 READY = MAGIC + b"H"
 FAILED = MAGIC + b"F"
 DONE = MAGIC + b"D"
 
-KINDS = frozenset({PREDICT, MANAGE, REPLY, CHUNK, BATCH, STOP, READY, FAILED, DONE})
+KINDS = frozenset({PREDICT, MANAGE, CANCEL, REPLY, CHUNK, BATCH, STOP, READY, FAILED, DONE})
 
 API_INFERENCE = "inference"
 API_MANAGEMENT = "management"

@@ -8,18 +8,29 @@ no other state.
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from typing import Any
 
 import gevent
 import zmq.green as zmq
-from gevent.event import AsyncResult
+from gevent.event import AsyncResult, Event
+from gevent.socket import wait_read
 
 from mservd import protocol
 
 
 class ControllerGone(Exception):
     """No answer from the controller in time: it is stopping or has died."""
+
+
+class ClientGone(Exception):
+    """The HTTP client closed its connection before its answer was ready."""
+
+
+# Most answers come sooner than this; only requests that wait longer pay for a watcher on the
+# client's socket, so a client that goes away stops holding a place in the queue.
+PATIENCE = 0.05
 
 
 class Reply:
@@ -67,19 +78,50 @@ class Bridge:
                 del self._waiting[frames[1]]
                 waiter.set(frames)
 
-    def call(self, rid: bytes, frames: list[bytes], timeout: float) -> Reply:
+    def call(self, rid: bytes, frames: list[bytes], timeout: float,
+             client: socket.socket | None = None) -> Reply:
+        """Send a request and wait for its answer; with ``client``, give up if it goes away."""
         sock = self._socket()
         waiter = AsyncResult()
         self._waiting[rid] = waiter
         try:
             sock.send_multipart(frames)
-            got = waiter.get(timeout=timeout)
+            try:
+                got = waiter.get(timeout=PATIENCE if client is not None else timeout)
+            except gevent.Timeout:
+                if client is None:
+                    raise
+                got = self._wait_watching(rid, waiter, client, timeout - PATIENCE)
         except gevent.Timeout:
             raise ControllerGone(f"No answer from the controller within {timeout:.0f} s.") from None
         finally:
             self._waiting.pop(rid, None)
         status, content_type, headers = protocol.unpack_reply(got[2])
         return Reply(status, content_type, headers, got[3])
+
+    def _wait_watching(self, rid: bytes, waiter: AsyncResult, client: socket.socket,
+                       timeout: float) -> list[bytes]:
+        gone = Event()
+
+        def watch() -> None:
+            try:
+                wait_read(client.fileno())
+                if client.recv(1, socket.MSG_PEEK) == b"":
+                    gone.set()
+            except OSError:
+                gone.set()
+
+        watcher = gevent.spawn(watch)
+        try:
+            gevent.wait([waiter, gone], count=1, timeout=timeout)
+        finally:
+            watcher.kill(block=False)
+        if waiter.ready():
+            return waiter.get()
+        if gone.is_set():
+            self._sock.send_multipart([protocol.CANCEL, rid])
+            raise ClientGone()
+        raise gevent.Timeout()
 
     def manage(self, op: str, args: dict[str, Any], token: str | None, timeout: float,
                api: str = protocol.API_MANAGEMENT) -> Reply:

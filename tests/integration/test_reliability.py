@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -146,6 +147,26 @@ def test_a_full_queue_refuses_at_once_and_late_requests_get_504(daemon_factory) 
     assert "too-late" not in (daemon.log_dir / "model_echo.log").read_text()
     bad = daemon.predict("echo", json={}, headers={"X-Request-Timeout-Ms": "soon"})
     assert bad.status_code == 400
+
+    # a request whose client goes away while it is queued is dropped, never computed
+    host, port = daemon.url("inference", "").removeprefix("http://").rsplit(":", 1)
+    body = b'{"marker": "abandoned"}'
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(daemon.predict, "echo", json={"sleep": 1.0})
+        time.sleep(0.2)
+        with socket.create_connection((host, int(port)), timeout=10) as client:
+            client.sendall(
+                f"POST /predictions/echo HTTP/1.1\r\nHost: {host}\r\n"
+                f"Authorization: Bearer {daemon.key('inference')}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                .encode() + body)
+            time.sleep(0.3)
+        assert busy.result().status_code == 200
+    wait_until(lambda: "client went away" in (daemon.log_dir / "mservd.log").read_text(), 10,
+               "the controller to drop the abandoned request")
+    time.sleep(0.3)
+    assert "abandoned" not in (daemon.log_dir / "model_echo.log").read_text()
+    assert daemon.predict("echo", json={"after": "abandoned"}).status_code == 200
 
 
 def test_sigkill_of_the_daemon_leaves_no_process_behind(daemon_factory) -> None:

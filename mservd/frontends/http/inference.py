@@ -21,7 +21,7 @@ from mservd.errors import (
     RequestTooLarge,
     ResourceNotFound,
 )
-from mservd.frontends.bridge import Bridge, ControllerGone, bearer_token
+from mservd.frontends.bridge import Bridge, ClientGone, ControllerGone, bearer_token
 from mservd.frontends.http.responses import respond, respond_error, respond_json, status_line
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,13 @@ class InferenceApp:
                                protocol.API_INFERENCE, request_timeout_ms(environ))
         frames = protocol.predict_frames(
             route, protocol.pack_meta(inputs, headers, parts[1] == "explanations"), payloads)
-        reply = self.bridge.call(rid, frames, self.reply_timeout)
+        try:
+            reply = self.bridge.call(rid, frames, self.reply_timeout,
+                                     client=environ.get("gunicorn.socket"))
+        except ClientGone:
+            log.info("client went away before request %s was answered", rid_text)
+            start_response(status_line(499), [("Content-Length", "0")])
+            return [b""]
         out = [("Content-Type", reply.content_type), ("Content-Length", str(len(reply.body))),
                ("x-request-id", rid_text)]
         if reply.headers:
