@@ -24,24 +24,52 @@ import zmq
 
 from mservd import protocol
 from mservd.errors import error_body
+from mservd.lifeline import die_with_parent, parent_changed
 from mservd.payload import decode_input, encode_output
+from mservd.v2 import handling as v2
+from mservd.v2 import metadata as v2_metadata
+from mservd.v2.codec import V2Error
 
 log = logging.getLogger("mservd.worker")
 
 EXIT_LOAD_FAILED = 3
 POLL_MS = 1000
+METRICS_INTERVAL = 1.0  # seconds between shipments of handler metrics to the controller
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the controller exits, even by SIGKILL."""
-    try:
-        import ctypes
+class TaggedStream:
+    """stdout/stderr for handler code: each line says which worker and which requests wrote it.
 
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux: the ppid check in the loop still ends the worker
+    The model's log then ties a handler's ``print`` to the request ids of the batch it ran in.
+    """
+
+    def __init__(self, stream, pid: int) -> None:
+        self._stream = stream
+        self._prefix = f"[pid {pid}] "
+        self.requests = ""
+        self._line_start = True
+
+    def write(self, text: str) -> int:
+        if not text:
+            return 0
+        tag = self._prefix + (f"[requests {self.requests}] " if self.requests else "")
+        lines = text.split("\n")
+        out = []
+        for i, line in enumerate(lines):
+            if line and (self._line_start or i > 0):
+                out.append(tag)
+            out.append(line)
+            if i < len(lines) - 1:
+                out.append("\n")
+        self._line_start = text.endswith("\n")
+        self._stream.write("".join(out))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def _set_threads(threads: int | None) -> None:
@@ -80,15 +108,33 @@ def load(spec: dict[str, Any]):
 
 def run_batch(handler, context, frames: list[bytes], max_response_size: int) -> list[bytes]:
     """Run one BATCH message through the handler; the DONE message's frames, one answer each."""
-    requests = protocol.parse_batch(frames)
+    all_requests = protocol.parse_batch(frames)
     data = []
-    for req in requests:
-        row = {}
-        for (name, content_type), payload in zip(req.inputs, req.payloads):
-            row[name] = decode_input(content_type, payload)
-        data.append(row)
-    context.begin_batch([r.rid.decode() for r in requests], [r.headers for r in requests])
+    requests = []  # the batch less v2 requests whose body did not decode (answered at once)
+    v2_calls: list[Any] = []  # per request of ``requests``: its V2Call, or None
     out = [protocol.DONE]
+    for req in all_requests:
+        row = {}
+        call = None
+        if len(req.inputs) == 1 and req.inputs[0][1].startswith(v2.CONTENT_TYPE):
+            try:
+                row, call = v2.decode_row(req.inputs[0][1], req.payloads[0], _v2_meta(context))
+            except V2Error as exc:
+                out += [req.rid, protocol.pack_reply(400, "application/json"),
+                        v2.error_answer(str(exc))]
+                continue
+        else:
+            for (name, content_type), payload in zip(req.inputs, req.payloads):
+                row[name] = decode_input(content_type, payload)
+        requests.append(req)
+        v2_calls.append(call)
+        data.append(row)
+    if not requests:
+        return out
+    context.v2_requests = v2_calls  # read by handlers.v2.v2_inputs
+    ids = [r.rid.decode() for r in requests]
+    context.begin_batch(ids, [r.headers for r in requests])
+    _tag_output(",".join(ids))
     try:
         outputs = handler.handle(data, context)
         if not isinstance(outputs, (list, tuple)) or len(outputs) != len(requests):
@@ -99,7 +145,8 @@ def run_batch(handler, context, frames: list[bytes], max_response_size: int) -> 
             )
     except Exception as exc:  # the handler's failure fails this batch only
         status, type_, message = _describe_failure(exc)
-        log.error("batch of %d failed (%s): %s", len(requests), type_, message, exc_info=True)
+        log.error("batch of requests %s failed (%s): %s", ",".join(ids), type_, message,
+                  exc_info=True)
         reply = protocol.pack_reply(status, "application/json")
         body = error_body(status, type_, message)
         for req in requests:
@@ -107,8 +154,55 @@ def run_batch(handler, context, frames: list[bytes], max_response_size: int) -> 
         return out
 
     for idx, (req, item) in enumerate(zip(requests, outputs)):
+        if v2_calls[idx] is not None:
+            out += [req.rid, *_encode_v2_answer(context, v2_calls[idx], item, max_response_size)]
+            continue
         out += [req.rid, *_encode_answer(context, idx, item, max_response_size)]
     return out
+
+
+def _tag_output(requests: str) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, TaggedStream):
+            stream.requests = requests
+
+
+def ship_metrics(sock, context) -> None:
+    """Send the handler's recorded metrics to the controller, which owns /metrics."""
+    recorder = getattr(context, "metrics", None)
+    samples = recorder.drain() if recorder is not None and hasattr(recorder, "drain") else []
+    if samples:
+        sock.send_multipart([protocol.METRICS, protocol.packb(
+            [[m.name, float(m.value), m.unit, getattr(m.kind, "value", str(m.kind)),
+              dict(m.dimensions)] for m in samples])])
+
+
+def _v2_meta(context):
+    """The model's v2 metadata (model-config.yaml ``v2:``), read once per worker."""
+    meta = getattr(context, "_v2_metadata", None)
+    if meta is None:
+        meta = context._v2_metadata = v2_metadata.from_model_yaml(context.model_yaml_config)
+    return meta
+
+
+def _encode_v2_answer(context, call, item: Any, max_response_size: int) -> list[bytes]:
+    """A v2 request's answer: the infer response, or ``{"error": ...}`` with its status."""
+    from handlers.errors import RequestError
+
+    if isinstance(item, RequestError):
+        return [protocol.pack_reply(item.status, "application/json"),
+                v2.error_answer(item.message)]
+    try:
+        body, content_type, headers = v2.encode_answer(
+            call, item, _v2_meta(context), context.model_name,
+            str(context.manifest.get("model", {}).get("modelVersion", "")))
+    except V2Error as exc:
+        log.error("v2 answer for model %s cannot be encoded: %s", context.model_name, exc)
+        return [protocol.pack_reply(500, "application/json"), v2.error_answer(str(exc))]
+    if len(body) > max_response_size:
+        return [protocol.pack_reply(500, "application/json"), v2.error_answer(
+            f"Response of {len(body)} bytes exceeds max_response_size ({max_response_size}).")]
+    return [protocol.pack_reply(200, content_type, headers), body]
 
 
 class BatchShapeError(Exception):
@@ -174,11 +268,13 @@ def serve(spec: dict[str, Any]) -> int:
     max_response_size = spec.get("max_response_size", 6553500)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
+    shipped = time.monotonic()
     while True:
         if not poller.poll(POLL_MS):
-            if os.getppid() != parent:
+            if parent_changed(parent):
                 log.warning("controller is gone; worker %s exits", spec["worker_id"])
                 return 0
+            ship_metrics(sock, context)
             continue
         frames = sock.recv_multipart()
         kind = frames[0]
@@ -193,7 +289,12 @@ def serve(spec: dict[str, Any]) -> int:
         except protocol.ProtocolError as exc:
             log.error("worker dropped a malformed batch: %s", exc)
             continue
+        finally:
+            _tag_output("")
         sock.send_multipart(reply)
+        if time.monotonic() - shipped >= METRICS_INTERVAL:
+            shipped = time.monotonic()
+            ship_metrics(sock, context)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,8 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s [pid {os.getpid()}] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    _die_with_parent()
+    die_with_parent(signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us
+    sys.stdout = TaggedStream(sys.stdout, os.getpid())
+    sys.stderr = TaggedStream(sys.stderr, os.getpid())
     _set_threads(spec.get("threads"))
     if spec.get("model_dir") and spec["model_dir"] not in sys.path:
         sys.path.insert(0, spec["model_dir"])

@@ -23,6 +23,7 @@ def test_start_status_second_start_and_stop(tmp_path: Path, store: Path) -> None
     config.write_text("inference_address=http://127.0.0.1:0\n"
                       "management_address=http://127.0.0.1:0\n"
                       "metrics_address=http://127.0.0.1:0\n"
+                      "grpc_inference_port=0\ngrpc_management_port=0\n"
                       "default_workers_per_model=1\nfrontend_workers=1\n")
     started = mservd("start", "--ts-config", str(config), "--model-store", str(store),
                      "--models", "echo=echo.mar", cwd=tmp_path)
@@ -54,7 +55,8 @@ def test_start_reports_a_model_that_failed_to_load(tmp_path: Path, store: Path) 
     config = tmp_path / "config.properties"
     config.write_text("inference_address=http://127.0.0.1:0\n"
                       "management_address=http://127.0.0.1:0\n"
-                      "metrics_address=http://127.0.0.1:0\nfrontend_workers=1\n")
+                      "metrics_address=http://127.0.0.1:0\n"
+                      "grpc_inference_port=0\ngrpc_management_port=0\nfrontend_workers=1\n")
     started = mservd("start", "--ts-config", str(config), "--model-store", str(store),
                      "--models", "crash.mar", "--disable-token-auth", cwd=tmp_path)
     try:

@@ -46,6 +46,10 @@ class InferenceApp:
                 if method not in ("POST", "PUT"):
                     raise MethodNotAllowed(f"Method {method} is not allowed on {path}; use POST.")
                 return self.predict(environ, start_response, path)
+            if path == "/v2" or path.startswith("/v2/"):
+                from mservd.frontends.http import v2  # Open Inference Protocol v2 (docs/v2.md)
+
+                return v2.handle(self, environ, start_response, path)
             if path == "/ping":
                 if method != "GET":
                     raise MethodNotAllowed(f"Method {method} is not allowed on /ping; use GET.")

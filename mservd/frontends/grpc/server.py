@@ -1,0 +1,104 @@
+"""The gRPC frontend process: TorchServe's services and v2's ``GRPCInferenceService``.
+
+Stateless like the HTTP frontend: every RPC becomes a controller message over the same ZeroMQ
+endpoint. Two grpc.aio servers on 127.0.0.1: the inference port serves
+``InferenceAPIsService`` and ``inference.GRPCInferenceService``, the management port
+``ManagementAPIsService``. Ports may be 0; once bound, the process writes the addresses to
+``ports_file`` (atomically) so the daemon can put them in its state file.
+
+Run as ``python -m mservd.frontends.grpc.server SPEC_JSON``; the daemon writes the spec. TERM
+stops it after in-flight calls finish (up to ``graceful_timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from mservd.frontends.grpc.bridge import AsyncBridge
+from mservd.frontends.grpc.generated import (
+    grpc_predict_v2_pb2_grpc,
+    inference_pb2_grpc,
+    management_pb2_grpc,
+)
+from mservd.frontends.grpc.torchserve import InferenceAPIs, ManagementAPIs
+from mservd.frontends.grpc.v2 import GRPCInferenceService
+
+log = logging.getLogger("mservd.frontends.grpc")
+
+
+def _bind(server: grpc.aio.Server, host: str, port: int, what: str) -> int:
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"Cannot listen on {what} {host}:{port}; is another server using it? "
+                      f"Set another {what} in config.properties.")
+    return bound
+
+
+async def serve(spec: dict[str, Any]) -> None:
+    host = spec.get("host", "127.0.0.1")
+    max_size = int(spec["max_request_size"])
+    options = [("grpc.max_receive_message_length", max_size),
+               ("grpc.max_send_message_length", int(spec.get("max_response_size", max_size)))]
+    bridge = AsyncBridge(spec["controller"])
+    timeout = float(spec["reply_timeout"])
+    inference = grpc.aio.server(options=options)
+    inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(
+        InferenceAPIs(bridge, timeout, spec["auth"]), inference)
+    grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+        GRPCInferenceService(bridge, timeout, spec["auth"]), inference)
+    management = grpc.aio.server(options=options)
+    management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server(
+        ManagementAPIs(bridge, spec["auth"]), management)
+    ports = {
+        "inference": f"{host}:{_bind(inference, host, spec['inference_port'], 'grpc_inference_port')}",
+        "management": f"{host}:{_bind(management, host, spec['management_port'], 'grpc_management_port')}",
+    }
+    await inference.start()
+    await management.start()
+    target = Path(spec["ports_file"])
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(ports))
+    tmp.replace(target)
+    log.info("gRPC frontend (pid %d) serving %s", os.getpid(), ports)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    grace = float(spec.get("graceful_timeout", 10))
+    log.info("gRPC frontend stopping (up to %.0f s for calls in flight)", grace)
+    await asyncio.gather(inference.stop(grace), management.stop(grace))
+    bridge.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(argv[0])
+    logging.basicConfig(level=spec.get("log_level", "INFO"),
+                        format="%(asctime)s [pid %(process)d] %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        from mservd.lifeline import die_with_parent
+
+        die_with_parent(signal.SIGTERM)
+    except ImportError:
+        pass
+    try:
+        asyncio.run(serve(spec))
+    except OSError as exc:
+        log.error("%s", exc)
+        return 4
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

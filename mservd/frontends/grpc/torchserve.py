@@ -1,0 +1,150 @@
+"""TorchServe's gRPC services: ``InferenceAPIsService`` (Ping, Predictions, StreamPredictions)
+and ``ManagementAPIsService``, each call turned into the same controller message as the REST
+route it mirrors. Answers are the REST answers' bodies; errors abort with the mapped code.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import grpc
+
+from mservd import protocol
+from mservd.frontends.bridge import ControllerGone, Reply
+from mservd.frontends.grpc.bridge import AsyncBridge
+from mservd.frontends.grpc.errors import error_message, status_code
+from mservd.frontends.grpc.generated import (
+    inference_pb2,
+    inference_pb2_grpc,
+    management_pb2,
+    management_pb2_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+MANAGE_TIMEOUT = 600.0
+
+
+def bearer_token(context: grpc.aio.ServicerContext) -> str | None:
+    """The key of an ``authorization: Bearer <key>`` metadata entry, as over HTTP."""
+    for key, value in context.invocation_metadata() or ():
+        if key.lower() == "authorization":
+            scheme, _, token = str(value).partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+def forwarded_metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """Request metadata the handler sees as request headers (never the key)."""
+    out = {}
+    for key, value in context.invocation_metadata() or ():
+        name = key.lower()
+        if name != "authorization" and not name.startswith("grpc-") and isinstance(value, str):
+            out[name] = value
+    return out
+
+
+async def check(reply: Reply, context: grpc.aio.ServicerContext) -> Reply:
+    """The reply when it succeeded; else the RPC aborts with the mapped code and message."""
+    if reply.status >= 400:
+        await context.abort(status_code(reply.status), error_message(reply.body))
+    return reply
+
+
+async def ask(context: grpc.aio.ServicerContext, call: Any) -> Reply:
+    try:
+        return await check(await call, context)
+    except ControllerGone as exc:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        raise
+
+
+class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
+    def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool) -> None:
+        self.bridge = bridge
+        self.reply_timeout = reply_timeout
+        self.auth = auth
+
+    async def Ping(self, request, context):
+        try:
+            reply = await self.bridge.manage("ping", {}, None, 10.0)
+        except ControllerGone as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return inference_pb2.TorchServeHealthResponse(health=reply.body.decode())
+
+    async def Predictions(self, request, context):
+        if not request.model_name:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "PredictionsRequest.model_name is required.")
+        if not request.input:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "PredictionsRequest.input is empty: send at least one input, "
+                                "e.g. input={'data': b'...'}.")
+        rid = str(uuid.uuid4()).encode()
+        route = protocol.Route(rid, request.model_name, request.model_version or None,
+                               bearer_token(context) if self.auth else None,
+                               protocol.API_INFERENCE)
+        names = list(request.input)
+        meta = protocol.pack_meta([(n, "application/octet-stream") for n in names],
+                                  forwarded_metadata(context), False)
+        frames = protocol.predict_frames(route, meta, [request.input[n] for n in names])
+        reply = await ask(context, self.bridge.call(rid, frames, self.reply_timeout))
+        return inference_pb2.PredictionResponse(prediction=reply.body)
+
+    async def StreamPredictions(self, request, context):
+        # mservd relays no intermediate chunks over gRPC: the stream carries the final answer
+        yield await self.Predictions(request, context)
+
+
+class ManagementAPIs(management_pb2_grpc.ManagementAPIsServiceServicer):
+    def __init__(self, bridge: AsyncBridge, auth: bool) -> None:
+        self.bridge = bridge
+        self.auth = auth
+
+    async def _manage(self, op: str, args: dict[str, Any], context) -> Any:
+        args = {k: v for k, v in args.items() if v is not None}
+        token = bearer_token(context) if self.auth else None
+        reply = await ask(context, self.bridge.manage(op, args, token, MANAGE_TIMEOUT))
+        return management_pb2.ManagementResponse(msg=reply.body.decode("utf-8", "replace"))
+
+    async def DescribeModel(self, request, context):
+        return await self._manage("describe", {"model": request.model_name,
+                                               "version": request.model_version or None}, context)
+
+    async def ListModels(self, request, context):
+        return await self._manage("list", {"limit": request.limit or None,
+                                           "next_page_token": request.next_page_token or None},
+                                  context)
+
+    async def RegisterModel(self, request, context):
+        return await self._manage("register", {
+            "url": request.url,
+            "model_name": request.model_name or None,
+            "handler": request.handler or None,
+            "batch_size": request.batch_size or None,
+            "max_batch_delay": request.max_batch_delay or None,
+            "initial_workers": request.initial_workers or None,
+            "response_timeout": request.response_timeout or None,
+            "synchronous": "true" if request.synchronous else "false",
+        }, context)
+
+    async def ScaleWorker(self, request, context):
+        return await self._manage("scale", {
+            "model": request.model_name,
+            "version": request.model_version or None,
+            "min_worker": request.min_worker,
+            "max_worker": request.max_worker or None,
+            "synchronous": "true" if request.synchronous else "false",
+        }, context)
+
+    async def SetDefault(self, request, context):
+        return await self._manage("set_default", {"model": request.model_name,
+                                                  "version": request.model_version}, context)
+
+    async def UnregisterModel(self, request, context):
+        return await self._manage("unregister", {"model": request.model_name,
+                                                 "version": request.model_version or None},
+                                  context)

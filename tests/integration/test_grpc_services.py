@@ -1,0 +1,184 @@
+"""The gRPC frontend: v2 GRPCInferenceService with the real tritonclient.grpc, and TorchServe's
+InferenceAPIsService / ManagementAPIsService with stubs generated from TorchServe's protos."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+tritongrpc = pytest.importorskip("tritonclient.grpc")
+from test_v2_http import tiny_input, v2_archives
+from tritonclient.utils import InferenceServerException
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, store):
+    from conftest import Daemon
+
+    v2_archives(store)
+    daemon = Daemon(tmp_path_factory.mktemp("grpc"), store,
+                    {"load_models": "tiny.mar,v2typed.mar,v2typed-2.0.mar"},
+                    args=("--enable-model-api",))
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def client(daemon):
+    client = tritongrpc.InferenceServerClient(daemon.grpc_address("inference"))
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def auth(daemon):
+    return {"authorization": f"Bearer {daemon.key('inference')}"}
+
+
+def test_grpc_v2_health_and_metadata(client, auth) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    meta = client.get_server_metadata()
+    assert meta.name == "mservd" and "binary_tensor_data" in meta.extensions
+    assert client.is_model_ready("tiny", headers=dict(auth))
+    assert client.is_model_ready("v2typed", "2.0", headers=dict(auth))
+    model = client.get_model_metadata("v2typed", "2.0", headers=dict(auth), as_json=True)
+    assert model["name"] == "v2typed" and sorted(model["versions"]) == ["1.0", "2.0"]
+    assert [i["name"] for i in model["inputs"]] == ["NUMBERS", "WORDS"]
+    assert [o["datatype"] for o in model["outputs"]] == ["INT64", "BYTES", "INT64"]
+
+
+def test_grpc_v2_infer_fp32_matches_predictions(daemon, client, auth) -> None:
+    values = tiny_input(5)
+    expected = daemon.predict("tiny", json=values).json()
+    x = tritongrpc.InferInput("INPUT0", [1, 64], "FP32")
+    x.set_data_from_numpy(np.array([values], dtype=np.float32))
+    result = client.infer("tiny", [x], headers=dict(auth))
+    np.testing.assert_array_equal(result.as_numpy("output0")[0],
+                                  np.array(expected, dtype=np.float32))
+
+
+def test_grpc_v2_infer_int64_and_bytes_match_predictions(daemon, client, auth) -> None:
+    numbers, words = [5, -1, 2**35], ["grpc", "ünï"]
+    expected = daemon.predict("v2typed", json={"NUMBERS": numbers, "WORDS": words}).json()
+    a = tritongrpc.InferInput("NUMBERS", [3], "INT64")
+    a.set_data_from_numpy(np.array(numbers, dtype=np.int64))
+    b = tritongrpc.InferInput("WORDS", [2], "BYTES")
+    b.set_data_from_numpy(np.array([w.encode() for w in words], dtype=object))
+    outputs = [tritongrpc.InferRequestedOutput("DOUBLED"), tritongrpc.InferRequestedOutput("SHOUTED")]
+    result = client.infer("v2typed", [a, b], outputs=outputs, headers=dict(auth),
+                          model_version="2.0", request_id="r-1")
+    assert result.as_numpy("DOUBLED").tolist() == expected["DOUBLED"]
+    assert [w.decode() for w in result.as_numpy("SHOUTED")] == expected["SHOUTED"]
+    response = result.get_response()
+    assert response.model_version == "2.0" and response.id == "r-1"
+
+
+def test_grpc_v2_concurrent_requests_are_batched(client, auth) -> None:
+    def send(i: int, word: str, done: list):
+        a = tritongrpc.InferInput("NUMBERS", [1], "INT64")
+        a.set_data_from_numpy(np.array([i], dtype=np.int64))
+        b = tritongrpc.InferInput("WORDS", [1], "BYTES")
+        b.set_data_from_numpy(np.array([word.encode()], dtype=object))
+        client.async_infer("v2typed", [a, b], lambda result, error: done.append((i, result, error)),
+                           headers=dict(auth))
+
+    done: list = []
+    send(-1, "slow", done)
+    time.sleep(0.3)
+    for i in range(12):
+        send(i, f"g{i}", done)
+    deadline = time.monotonic() + 60
+    while len(done) < 13 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(done) == 13 and all(e is None for _, _, e in done), [e for *_, e in done if e]
+    by_id = {i: r for i, r, _ in done}
+    for i in range(12):
+        assert by_id[i].as_numpy("DOUBLED").tolist() == [2 * i]
+        assert by_id[i].as_numpy("SHOUTED").tolist() == [f"G{i}".encode()]
+    assert max(int(by_id[i].as_numpy("BATCH")[0]) for i in range(12)) > 1
+
+
+def test_grpc_v2_errors_map_to_status_codes(client, auth) -> None:
+    x = tritongrpc.InferInput("INPUT0", [1, 64], "FP32")
+    x.set_data_from_numpy(np.zeros((1, 64), dtype=np.float32))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("nope", [x], headers=dict(auth))
+    assert err.value.status() == "StatusCode.NOT_FOUND"
+    assert "Model not found: nope" in err.value.message()
+    wrong = tritongrpc.InferInput("NUMBERS", [1], "FP32")
+    wrong.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+    words = tritongrpc.InferInput("WORDS", [1], "BYTES")
+    words.set_data_from_numpy(np.array([b"a"], dtype=object))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("v2typed", [wrong, words], headers=dict(auth))
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "the model expects INT64" in err.value.message()
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("tiny", [x], headers={"authorization": "Bearer wrong"})
+    assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+    assert client.infer("tiny", [x], headers=dict(auth)).as_numpy("output0").shape == (1, 10)
+
+
+def test_torchserve_grpc_ping_predictions_and_management(daemon) -> None:
+    from google.protobuf import empty_pb2
+
+    from mservd.frontends.grpc.generated import (
+        inference_pb2,
+        inference_pb2_grpc,
+        management_pb2,
+        management_pb2_grpc,
+    )
+
+    inference = grpc.insecure_channel(daemon.grpc_address("inference"))
+    management = grpc.insecure_channel(daemon.grpc_address("management"))
+    infer_stub = inference_pb2_grpc.InferenceAPIsServiceStub(inference)
+    manage_stub = management_pb2_grpc.ManagementAPIsServiceStub(management)
+    ikey = (("authorization", f"Bearer {daemon.key('inference')}"),)
+    mkey = (("authorization", f"Bearer {daemon.key('management')}"),)
+
+    health = infer_stub.Ping(empty_pb2.Empty(), timeout=30)
+    assert json.loads(health.health)["status"] == "Healthy"
+
+    values = tiny_input(7)
+    expected = daemon.predict("tiny", json=values).json()
+    answer = infer_stub.Predictions(inference_pb2.PredictionsRequest(
+        model_name="tiny", input={"data": json.dumps(values).encode()}), metadata=ikey,
+        timeout=60)
+    assert json.loads(answer.prediction) == expected
+    with pytest.raises(grpc.RpcError) as err:
+        infer_stub.Predictions(inference_pb2.PredictionsRequest(
+            model_name="nope", input={"data": b"[]"}), metadata=ikey, timeout=30)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+    reply = manage_stub.RegisterModel(management_pb2.RegisterModelRequest(
+        url="echo.mar", model_name="grpcecho", initial_workers=1, synchronous=True),
+        metadata=mkey, timeout=120)
+    assert 'Model "grpcecho" Version: 1.0 registered' in json.loads(reply.msg)["status"]
+    reply = manage_stub.ScaleWorker(management_pb2.ScaleWorkerRequest(
+        model_name="grpcecho", min_worker=2, max_worker=2, synchronous=True),
+        metadata=mkey, timeout=120)
+    assert "Workers scaled to 2" in json.loads(reply.msg)["status"]
+    described = json.loads(manage_stub.DescribeModel(management_pb2.DescribeModelRequest(
+        model_name="grpcecho"), metadata=mkey, timeout=30).msg)
+    assert described[0]["modelName"] == "grpcecho" and len(described[0]["workers"]) == 2
+    listed = json.loads(manage_stub.ListModels(management_pb2.ListModelsRequest(),
+                                               metadata=mkey, timeout=30).msg)
+    assert "grpcecho" in [m["modelName"] for m in listed["models"]]
+    reply = manage_stub.UnregisterModel(management_pb2.UnregisterModelRequest(
+        model_name="grpcecho"), metadata=mkey, timeout=60)
+    assert json.loads(reply.msg)["status"] == 'Model "grpcecho" unregistered'
+    with pytest.raises(grpc.RpcError) as err:
+        manage_stub.DescribeModel(management_pb2.DescribeModelRequest(model_name="grpcecho"),
+                                  metadata=mkey, timeout=30)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as err:
+        manage_stub.ListModels(management_pb2.ListModelsRequest(), timeout=30)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    inference.close()
+    management.close()
