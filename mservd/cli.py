@@ -105,6 +105,8 @@ def start_command(model_store, models, ts_config, log_dir, foreground, ncs, enab
                                    f"{log_dir_path / 'mservd.log'}.")
     state = json.loads(state_file.read_text())
     _print_state(state)
+    for warning in state.get("warnings", []):
+        click.echo(f"warning: {warning}", err=True)
     for model, why in state.get("failed", {}).items():
         click.echo(f"model {model} failed to load: {why}", err=True)
 

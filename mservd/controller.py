@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import zmq
 
-from mservd import protocol
+from mservd import protocol, snapshot
 from mservd.auth import INFERENCE, MANAGEMENT, KeyStore
 from mservd.config import Settings
 from mservd.errors import (
@@ -33,7 +33,7 @@ from mservd.errors import (
     DeadlineExceeded,
     error_body,
 )
-from mservd.metrics import RequestCounts
+from mservd.metrics import Metrics
 from mservd.registry import ModelVersion, Registry
 from mservd.supervisor import Supervisor, Worker, WorkerState
 
@@ -120,7 +120,7 @@ class Controller:
         self.stop_deadline = 0.0
         self._last_maintenance = 0.0
         self.on_stopped: Callable[[], None] | None = None
-        self.counts = RequestCounts()
+        self.metrics = Metrics()
         from mservd.management import Management  # one module per job: the management verbs
 
         self.management = Management(self)
@@ -229,7 +229,7 @@ class Controller:
         except MservdError as exc:
             self.send_error(fid, route.rid, exc)
             return
-        self.counts.accepted[mv.key] += 1
+        self.metrics.version(mv.key).requests.inc()
         self.dispatch(mv, now)
 
     def on_cancel(self, fid: bytes, rid: bytes) -> None:
@@ -276,7 +276,7 @@ class Controller:
             respond(result)
 
     def send_error(self, fid: bytes, rid: bytes, exc: MservdError) -> None:
-        self.counts.by_class[f"{exc.http_status // 100}XX"] += 1
+        self.metrics.answered(exc.http_status)
         head = protocol.pack_reply(exc.http_status, "application/json", exc.headers or None)
         self.front.send_multipart([fid, protocol.REPLY, rid, head, exc.to_body()])
 
@@ -305,10 +305,15 @@ class Controller:
     def send_batch(self, mv: ModelVersion, worker: Worker, batch: list[Pending],
                    now: float) -> None:
         frames = [worker.identity, protocol.BATCH]
+        vm = self.metrics.version(mv.key)
         for pending in batch:
             frames.append(pending.rid)
             frames.extend(pending.frames)
             worker.batch[pending.rid] = pending
+            waited = now - pending.arrived
+            vm.queue.observe(waited)
+            vm.queue_us.inc(waited * 1e6)
+        worker.batch_started = now
         worker.state = WorkerState.BUSY
         worker.batch_deadline = now + mv.settings.response_timeout
         self.back.send_multipart(frames)
@@ -329,6 +334,8 @@ class Controller:
             self.on_done(worker, frames, now)
         elif kind == protocol.READY:
             self.on_ready(worker, now)
+        elif kind == protocol.METRICS:
+            self.metrics.record_handler_samples(protocol.unpackb(frames[2]))
         elif kind == protocol.FAILED:
             info = protocol.unpackb(frames[2])
             worker.mv.load_error = f"{info.get('message')}\n{info.get('traceback', '')}".strip()
@@ -352,14 +359,19 @@ class Controller:
     def on_done(self, worker: Worker, frames: list[bytes], now: float) -> None:
         batch = worker.batch
         send = self.front.send_multipart
-        by_class = self.counts.by_class
-        self.counts.batches[(worker.model, worker.version, len(batch))] += 1
+        metrics = self.metrics
+        vm = metrics.version((worker.model, worker.version))
+        vm.batch.observe(len(batch))
+        vm.handler.observe(now - worker.batch_started)
         for i in range(2, len(frames) - 2, 3):
             rid = frames[i]
             pending = batch.pop(rid, None)
             if pending is not None:
                 send([pending.fid, protocol.REPLY, rid, frames[i + 1], frames[i + 2]])
-                by_class[f"{protocol.unpack_reply(frames[i + 1])[0] // 100}XX"] += 1
+                took = now - pending.arrived
+                vm.latency.observe(took)
+                vm.latency_us.inc(took * 1e6)
+                metrics.answered(protocol.unpack_reply(frames[i + 1])[0])
         for pending in batch.values():
             self.send_error(pending.fid, pending.rid,
                             WorkerDied("The worker returned no answer for this request."))
@@ -379,7 +391,7 @@ class Controller:
             worker.batch.clear()
             if not worker.stop_requested:
                 self.supervisor.record_crash(mv, code, now)
-                self.counts.restarts[mv.key] += 1
+                self.metrics.version(mv.key).restarts.inc()
             if self.supervisor.is_failed(mv) and not mv.load_error:
                 mv.load_error = "The worker exited while loading the model (exit code 3)."
         self.check_waiters(now)
@@ -474,6 +486,15 @@ class Controller:
                 self.executor.submit(shutil.rmtree, mv.model_dir, True)
 
     # -- health and stopping --------------------------------------------------------
+
+    def registry_changed(self) -> None:
+        """Write a snapshot of the registry, once the start-up models are all in."""
+        if not self.settings.snapshot or self.startup_pending:
+            return
+        try:
+            snapshot.write(Path(self.settings.log_dir).resolve(), snapshot.capture(self.registry))
+        except OSError as exc:
+            log.error("could not write a registry snapshot: %s", exc)
 
     def healthy(self) -> bool:
         if self.startup_pending:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mservd import __version__
+from mservd import __version__, snapshot
 from mservd.auth import KeyStore
 from mservd.config import Settings, parse_address
 from mservd.supervisor import detect_gpus
@@ -31,6 +31,7 @@ log = logging.getLogger("mservd")
 PID_FILE = "mservd.pid"
 STATE_FILE = "mservd.state.json"
 KEY_FILE = "key_file.json"
+GRPC_PORTS_FILE = "grpc.ports.json"
 
 
 class StartError(Exception):
@@ -142,7 +143,9 @@ class Daemon:
         self.log_dir = Path(settings.log_dir).resolve()
         self.stop_signal = False
         self.frontend: subprocess.Popen | None = None
+        self.grpc_frontend: subprocess.Popen | None = None  # mservd.frontends.grpc.server
         self.listeners: dict[str, socket.socket] = {}
+        self.warnings: list[str] = []
 
     def run(self, to_stderr: bool = True) -> int:
         from mservd.controller import Controller, Reply
@@ -176,9 +179,16 @@ class Daemon:
         try:
             self.start_frontend(run_dir, keys is not None)
             controller.on_stopped = self.stop_frontend
-            pending = startup_models(settings)
-            controller.startup_pending = len(pending)
+            registrations, defaults = self.startup_registrations()
+            controller.startup_pending = len(registrations)
             results: dict[str, Any] = {}
+
+            def finish_startup() -> None:
+                for name, version in defaults.items():
+                    if controller.registry.has_version(name, version):
+                        controller.registry.set_default(name, version)
+                controller.registry_changed()
+                self.write_state(keys, key_file, results, controller)
 
             def loaded(label: str):
                 def respond(reply: Reply) -> None:
@@ -191,35 +201,33 @@ class Daemon:
                         results[label] = message
                         log.error("start-up model %s failed: %s", label, message)
                     if controller.startup_pending == 0:
-                        self.write_state(keys, key_file, results, controller)
+                        finish_startup()
                 return respond
 
-            for name, url in pending:
-                args = {"url": url, "synchronous": "true"}
-                if name:
-                    args["model_name"] = name
+            for args in registrations:
+                label = args.get("model_name") or args["url"]
                 try:
-                    result = controller.management.op_register(args, loaded(name or url),
-                                                               startup=True)
+                    result = controller.management.op_register(args, loaded(label), startup=True)
                 except Exception as exc:  # a bad entry must not stop the others
                     from mservd.errors import MservdError
 
                     message = exc.message if isinstance(exc, MservdError) else str(exc)
-                    loaded(name or url)(Reply(400, {"message": message}))
+                    loaded(label)(Reply(400, {"message": message}))
                     continue
                 if result is not None:
-                    loaded(name or url)(result)
-            if not pending:
-                self.write_state(keys, key_file, results, controller)
+                    loaded(label)(result)
+            if not registrations:
+                finish_startup()
             log.info("mservd %s serving (pid %d)", __version__, os.getpid())
             controller.run(lambda: self.stop_signal, self.frontend_alive)
         finally:
             self.stop_frontend()
-            if self.frontend is not None:
-                try:
-                    self.frontend.wait(timeout=settings.drain_timeout + 5)
-                except subprocess.TimeoutExpired:
-                    self.frontend.kill()
+            for frontend in (self.frontend, self.grpc_frontend):
+                if frontend is not None:
+                    try:
+                        frontend.wait(timeout=settings.drain_timeout + 5)
+                    except subprocess.TimeoutExpired:
+                        frontend.kill()
             controller.close()
             for sock in self.listeners.values():
                 sock.close()
@@ -228,6 +236,23 @@ class Daemon:
             state_path(self.log_dir).unlink(missing_ok=True)
             log.info("mservd stopped")
         return 0
+
+    def startup_registrations(self) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """Register calls for the start: the newest good snapshot, else ``load_models``."""
+        if self.settings.snapshot:
+            restore = snapshot.load_latest(self.log_dir)
+            self.warnings.extend(restore.problems)
+            if restore.path is not None:
+                log.info("restoring %d model versions from snapshot %s",
+                         len(restore.registrations), restore.path.name)
+                return restore.registrations, restore.defaults
+        registrations = []
+        for name, url in startup_models(self.settings):
+            args = {"url": url, "synchronous": "true"}
+            if name:
+                args["model_name"] = name
+            registrations.append(args)
+        return registrations, {}
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_signal = True  # the loop sees it within one turn
@@ -243,6 +268,8 @@ class Daemon:
             "connections": settings.frontend_connections,
             "graceful_timeout": settings.drain_timeout,
             "errorlog": str(self.log_dir / "frontend.log"),
+            "accesslog": str(self.log_dir / "access_log.log"),
+            "log_format": settings.log_format,
             "log_level": settings.log_level,
             "auth": auth,
             "max_request_size": settings.max_request_size,
@@ -255,16 +282,57 @@ class Daemon:
             stdout=open(self.log_dir / "frontend.log", "ab"), stderr=subprocess.STDOUT,
         )
         log.info("HTTP frontend started (pid %d) on ports %s", self.frontend.pid, ports)
+        self.start_grpc_frontend(run_dir, spec)
+
+    def start_grpc_frontend(self, run_dir: Path, http_spec: dict[str, Any]) -> None:
+        """Start the gRPC frontend; it binds its own ports and writes them to a file."""
+        settings = self.settings
+        self.grpc_ports_file = self.log_dir / GRPC_PORTS_FILE
+        self.grpc_ports_file.unlink(missing_ok=True)
+        spec = {
+            "controller": http_spec["controller"],
+            "host": parse_address(settings.inference_address)[1],
+            "inference_port": settings.grpc_inference_port,
+            "management_port": settings.grpc_management_port,
+            "ports_file": str(self.grpc_ports_file),
+            "auth": http_spec["auth"],
+            "max_request_size": settings.max_request_size,
+            "max_response_size": settings.max_response_size,
+            "reply_timeout": http_spec["reply_timeout"],
+            "graceful_timeout": settings.drain_timeout,
+            "log_level": settings.log_level,
+        }
+        self.grpc_frontend = subprocess.Popen(
+            [sys.executable, "-m", "mservd.frontends.grpc.server", json.dumps(spec)],
+            stdin=subprocess.DEVNULL, stdout=open(self.log_dir / "grpc.log", "ab"),
+            stderr=subprocess.STDOUT)
+        log.info("gRPC frontend started (pid %d)", self.grpc_frontend.pid)
+
+    def grpc_addresses(self, timeout: float = 60.0) -> dict[str, str] | None:
+        """The gRPC frontend's bound addresses, waiting for it to report them."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                return json.loads(self.grpc_ports_file.read_text())
+            except (OSError, ValueError):
+                pass
+            if self.grpc_frontend is None or self.grpc_frontend.poll() is not None:
+                log.error("the gRPC frontend exited; see grpc.log in the log folder")
+                return None
+            time.sleep(0.05)
+        log.error("the gRPC frontend did not report its ports within %.0f s", timeout)
+        return None
 
     def frontend_alive(self) -> bool:
-        return self.frontend is not None and self.frontend.poll() is None
+        return any(p is not None and p.poll() is None for p in (self.frontend, self.grpc_frontend))
 
     def stop_frontend(self) -> None:
         """Close our copies of the listeners, and ask gunicorn to finish and exit."""
         for sock in self.listeners.values():
             sock.close()
-        if self.frontend is not None and self.frontend.poll() is None:
-            self.frontend.send_signal(signal.SIGTERM)
+        for frontend in (self.frontend, self.grpc_frontend):
+            if frontend is not None and frontend.poll() is None:
+                frontend.send_signal(signal.SIGTERM)
 
     def addresses(self) -> dict[str, str]:
         out = {}
@@ -279,9 +347,11 @@ class Daemon:
             "pid": os.getpid(),
             "version": __version__,
             "addresses": self._addresses,
+            "grpc": self.grpc_addresses() if self.grpc_frontend is not None else None,
             "key_file": str(key_file) if keys is not None else None,
             "models": controller.registry.names(),
             "failed": failures,
+            "warnings": self.warnings,
         }
         tmp = state_path(self.log_dir).with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))

@@ -150,6 +150,7 @@ class Management:
                               manifest=doc, settings=settings, model_yaml=model_yaml,
                               loaded_at_startup=startup)
             ctl.registry.add(mv, make_default=settings.default_version)
+            ctl.registry_changed()
             log.info("registered %s version %s from %s (%d workers, batch %d)", name, version,
                      url, mv.target_workers, settings.batch_size)
             ctl.reconcile_pools(time.monotonic())
@@ -202,6 +203,7 @@ class Management:
         if self.ctl.registry.has_version(mv.name, mv.version):
             self.ctl.registry.remove(mv.name, mv.version)
             self.ctl.retire(mv)
+            self.ctl.registry_changed()
         first = error.splitlines()[0] if error else ""
         body = {"code": 500, "type": "InternalServerException",
                 "message": f"{message}: {first}", "traceback": error}
@@ -271,6 +273,7 @@ class Management:
         mv.max_workers = max_worker
         self.ctl.supervisor.restarts.pop(mv.key, None)  # a scale call retries a failed model
         self.ctl.reconcile_pools(time.monotonic())
+        self.ctl.registry_changed()
         if not synchronous:
             return Reply(202, {"status": "Processing worker updates..."})
 
@@ -367,6 +370,7 @@ class Management:
         name = args["model"]
         mv = self.ctl.registry.remove(name, args.get("version"))
         self.ctl.retire(mv)
+        self.ctl.registry_changed()
         log.info("unregistered %s version %s", mv.name, mv.version)
         return Reply(200, {"status": f'Model "{name}" unregistered'})
 
@@ -375,6 +379,7 @@ class Management:
 
         name, version = args["model"], args["version"]
         self.ctl.registry.set_default(name, version)
+        self.ctl.registry_changed()
         return Reply(200, {"status": f'Default version successfully updated for model "{name}" '
                                      f'to "{version}"'})
 
@@ -396,6 +401,35 @@ class Management:
 
     def op_metrics(self, args: dict[str, Any], respond: Respond):
         from mservd.controller import Reply
-        from mservd.metrics import CONTENT_TYPE, render
+        from mservd.metrics import CONTENT_TYPE
 
-        return Reply(200, render(self.ctl), content_type=CONTENT_TYPE)
+        return Reply(200, self.ctl.metrics.render(self.ctl), content_type=CONTENT_TYPE)
+
+    # -- Open Inference Protocol v2: readiness and metadata (docs/v2.md) -------------------
+
+    def op_v2_model_ready(self, args: dict[str, Any], respond: Respond):
+        """Whether a model version has a live worker; 404 when it is not registered."""
+        from mservd.controller import Reply
+
+        mv = self.ctl.registry.get(args["model"], args.get("version") or None)
+        return Reply(200, {"name": mv.name, "version": mv.version,
+                           "ready": mv.live_count() > 0})
+
+    def op_v2_model_metadata(self, args: dict[str, Any], respond: Respond):
+        """Name, versions, platform and declared tensors (model-config.yaml ``v2:``)."""
+        from mservd.controller import Reply
+        from mservd.v2.codec import V2Error
+        from mservd.v2.metadata import from_model_yaml
+
+        mv = self.ctl.registry.get(args["model"], args.get("version") or None)
+        try:
+            meta = from_model_yaml(mv.model_yaml)
+        except V2Error as exc:
+            raise BadRequest(f"Model {mv.name} version {mv.version}: {exc}") from None
+        return Reply(200, {
+            "name": mv.name,
+            "versions": [v.version for v in self.ctl.registry.versions(mv.name)],
+            "platform": meta.platform,
+            "inputs": [spec.to_dict() for spec in meta.inputs],
+            "outputs": [spec.to_dict() for spec in meta.outputs],
+        })

@@ -1,61 +1,137 @@
-"""Prometheus text for ``GET /metrics``, rendered from the controller's own counts.
+"""The controller's metrics, in Prometheus form: TorchServe's names and the histograms beyond.
 
-Counting happens in the controller (once per request, however many frontends there are); this
-module only formats. It covers the per-model gauges and TorchServe's request counters.
+Counting happens in the controller, once per request however many frontends there are. Per
+request it costs a few child-metric updates (children are looked up once per model version);
+gauges that describe state (queue length, live workers, worker memory) are read only when
+``/metrics`` is scraped. Handlers' own metrics arrive from the workers as samples and are
+registered here on first sight, by name.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import TYPE_CHECKING
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 
 if TYPE_CHECKING:
     from mservd.controller import Controller
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+log = logging.getLogger(__name__)
+
+MODEL = ("model_name", "model_version")
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+                   10.0, 30.0, 60.0, 120.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+_NAME_OK = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
 
 
-class RequestCounts:
-    """What the controller counts per request: cheap integer adds on the hot path."""
+class VersionMetrics:
+    """The labelled children of one model version, looked up once."""
 
+    __slots__ = ("requests", "latency_us", "queue_us", "latency", "queue", "handler", "batch",
+                 "restarts")
+
+    def __init__(self, m: Metrics, name: str, version: str) -> None:
+        self.requests = m.requests.labels(name, version)
+        self.latency_us = m.latency_us.labels(name, version)
+        self.queue_us = m.queue_us.labels(name, version)
+        self.latency = m.latency.labels(name, version)
+        self.queue = m.queue.labels(name, version)
+        self.handler = m.handler.labels(name, version)
+        self.batch = m.batch.labels(name, version)
+        self.restarts = m.restarts.labels(name, version)
+
+
+class Metrics:
     def __init__(self) -> None:
-        self.accepted: Counter[tuple[str, str]] = Counter()
-        self.by_class: Counter[str] = Counter()
-        self.batches: Counter[tuple[str, str, int]] = Counter()
-        self.restarts: Counter[tuple[str, str]] = Counter()
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("ts_inference_requests", "Requests accepted into a model's "
+                                "queue.", MODEL, registry=r)
+        # TorchServe's names carry no _total suffix, which prometheus-client adds to every
+        # Counter: these three are kept as ever-growing Gauges so dashboards find them.
+        self.latency_us = Gauge("ts_inference_latency_microseconds", "Total time from a "
+                                "request's arrival at the controller to its answer.", MODEL,
+                                registry=r)
+        self.queue_us = Gauge("ts_queue_latency_microseconds", "Total time requests waited "
+                              "in a queue.", MODEL, registry=r)
+        self.by_class = {cls: Gauge(f"Requests{cls}", f"Answers with a {cls} status.",
+                                    registry=r) for cls in ("2XX", "4XX", "5XX")}
+        self.latency = Histogram("mservd_request_latency_seconds", "Time from a request's "
+                                 "arrival at the controller to its answer.", MODEL,
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("mservd_queue_latency_seconds", "Time a request waited in its "
+                               "model's queue.", MODEL, buckets=LATENCY_BUCKETS, registry=r)
+        self.handler = Histogram("mservd_batch_latency_seconds", "Time a worker took for one "
+                                 "batch, from hand-over to answers.", MODEL,
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.batch = Histogram("mservd_batch_size", "Requests per batch run.", MODEL,
+                               buckets=BATCH_BUCKETS, registry=r)
+        self.restarts = Counter("mservd_worker_restarts", "Workers of a version that died "
+                                "unasked.", MODEL, registry=r)
+        self.pending = Gauge("mservd_pending_requests", "Requests waiting in a model's queue.",
+                             MODEL, registry=r)
+        self.live = Gauge("mservd_live_workers", "Workers ready to serve a model version.",
+                          MODEL, registry=r)
+        self.memory = Gauge("mservd_worker_memory_bytes", "Resident memory of each worker.",
+                            (*MODEL, "worker_id"), registry=r)
+        self._versions: dict[tuple[str, str], VersionMetrics] = {}
+        self._custom: dict[str, Any] = {}
 
+    def version(self, key: tuple[str, str]) -> VersionMetrics:
+        children = self._versions.get(key)
+        if children is None:
+            children = self._versions[key] = VersionMetrics(self, *key)
+        return children
 
-def _labels(name: str, version: str) -> str:
-    return f'model_name="{name}",model_version="{version}"'
+    def answered(self, status: int) -> None:
+        counter = self.by_class.get(f"{status // 100}XX")
+        if counter is not None:
+            counter.inc()
 
+    def record_handler_samples(self, samples: list[list[Any]]) -> None:
+        """Handler metrics shipped by a worker: ``[name, value, unit, kind, dimensions]``."""
+        for name, value, unit, kind, dimensions in samples:
+            labels = tuple(sorted(dimensions))
+            metric = self._custom.get(name)
+            if metric is None:
+                if not _NAME_OK.match(name) or name in self.registry._names_to_collectors:
+                    log.warning("handler metric %r has an unusable name; dropped", name)
+                    self._custom[name] = False
+                    continue
+                kind_class = {"counter": Counter, "histogram": Histogram}.get(kind, Gauge)
+                metric = kind_class(name, f"Handler metric ({unit}).", labels,
+                                    registry=self.registry)
+                self._custom[name] = metric
+            if metric is False or tuple(metric._labelnames) != labels:
+                continue  # dimensions changed between samples: Prometheus cannot mix them
+            child = metric.labels(*(dimensions[k] for k in labels)) if labels else metric
+            if isinstance(metric, Counter):
+                child.inc(max(0.0, float(value)))
+            elif isinstance(metric, Histogram):
+                child.observe(float(value))
+            else:
+                child.set(float(value))
 
-def render(ctl: Controller) -> str:
-    counts = ctl.counts
-    lines = [
-        "# HELP ts_inference_requests_total Requests accepted into a model's queue.",
-        "# TYPE ts_inference_requests_total counter",
-    ]
-    for (name, version), n in sorted(counts.accepted.items()):
-        lines.append(f"ts_inference_requests_total{{{_labels(name, version)}}} {n}")
-    for cls in ("2XX", "4XX", "5XX"):
-        lines += [f"# HELP Requests{cls} Answers with a {cls} status.",
-                  f"# TYPE Requests{cls} counter",
-                  f"Requests{cls} {counts.by_class[cls]}"]
-    lines += ["# HELP mservd_pending_requests Requests waiting in a model's queue.",
-              "# TYPE mservd_pending_requests gauge"]
-    versions = ctl.registry.all_versions()
-    for mv in versions:
-        lines.append(f"mservd_pending_requests{{{_labels(mv.name, mv.version)}}} {len(mv.batcher)}")
-    lines += ["# HELP mservd_live_workers Workers ready to serve a model version.",
-              "# TYPE mservd_live_workers gauge"]
-    for mv in versions:
-        lines.append(f"mservd_live_workers{{{_labels(mv.name, mv.version)}}} {mv.live_count()}")
-    lines += ["# HELP mservd_worker_restarts_total Workers of a version that died unasked.",
-              "# TYPE mservd_worker_restarts_total counter"]
-    for (name, version), n in sorted(counts.restarts.items()):
-        lines.append(f"mservd_worker_restarts_total{{{_labels(name, version)}}} {n}")
-    lines += ["# HELP mservd_batches_total Batches run, by batch size.",
-              "# TYPE mservd_batches_total counter"]
-    for (name, version, size), n in sorted(counts.batches.items()):
-        lines.append(f'mservd_batches_total{{{_labels(name, version)},batch_size="{size}"}} {n}')
-    return "\n".join(lines) + "\n"
+    def render(self, ctl: Controller) -> bytes:
+        """The text for ``GET /metrics``: state gauges are read now."""
+        import psutil
+
+        self.pending.clear()
+        self.live.clear()
+        self.memory.clear()
+        for mv in ctl.registry.all_versions():
+            self.pending.labels(mv.name, mv.version).set(len(mv.batcher))
+            self.live.labels(mv.name, mv.version).set(mv.live_count())
+            for worker in mv.workers.values():
+                try:
+                    rss = psutil.Process(worker.pid).memory_info().rss
+                except psutil.Error:
+                    continue
+                self.memory.labels(mv.name, mv.version, worker.id).set(rss)
+        return generate_latest(self.registry)

@@ -17,6 +17,7 @@ opaque to it and forwarded as the same bytes::
                             FAILED   | MSV1F | {"message", "traceback"} |
                             DONE     | MSV1D | rid | reply | body | rid | reply | body | ... |
                             CHUNK    | MSV1C | rid | reply | body |
+                            METRICS  | MSV1Q | [[name, value, unit, kind, {dim: value}], ...] |
 
     route = [rid, model, version or None, token or None, api, timeout_ms or None]
     meta  = [[[name, content_type], ...], {header: value}, explain]  (msgpack array)
@@ -43,8 +44,10 @@ STOP = MAGIC + b"S"
 READY = MAGIC + b"H"
 FAILED = MAGIC + b"F"
 DONE = MAGIC + b"D"
+METRICS = MAGIC + b"Q"
 
-KINDS = frozenset({PREDICT, MANAGE, CANCEL, REPLY, CHUNK, BATCH, STOP, READY, FAILED, DONE})
+KINDS = frozenset({PREDICT, MANAGE, CANCEL, REPLY, CHUNK, BATCH, STOP, READY, FAILED, DONE,
+                   METRICS})
 
 API_INFERENCE = "inference"
 API_MANAGEMENT = "management"

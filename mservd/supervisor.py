@@ -48,6 +48,7 @@ class Worker:
     state: WorkerState = WorkerState.STARTING
     batch: dict[bytes, Any] = field(default_factory=dict)
     batch_deadline: float = 0.0
+    batch_started: float = 0.0
     stop_requested: bool = False
     mv: Any = None  # the ModelVersion served; set by spawn_worker
 

@@ -78,6 +78,8 @@ class Daemon:
             "inference_address": "http://127.0.0.1:0",
             "management_address": "http://127.0.0.1:0",
             "metrics_address": "http://127.0.0.1:0",
+            "grpc_inference_port": 0,
+            "grpc_management_port": 0,
             "model_store": str(store),
             "default_workers_per_model": 1,
             "frontend_workers": 1,
@@ -92,13 +94,14 @@ class Daemon:
         self.session = requests.Session()
 
     def start(self) -> Daemon:
+        state_file = self.log_dir / "mservd.state.json"
+        state_file.unlink(missing_ok=True)  # left behind by a daemon that was killed
         out = open(self.workdir / "daemon.out", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mservd", "start", "--foreground", "--ts-config",
              str(self.config), "--log-dir", str(self.log_dir), *self.args],
             cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
-        state_file = self.log_dir / "mservd.state.json"
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if state_file.exists():
@@ -123,6 +126,10 @@ class Daemon:
 
     def url(self, api: str, path: str) -> str:
         return self.state["addresses"][api] + path
+
+    def grpc_address(self, api: str) -> str:
+        """``127.0.0.1:PORT`` of the gRPC ``inference`` or ``management`` service."""
+        return self.state["grpc"][api]
 
     def key(self, kind: str) -> str | None:
         if not self.state.get("key_file"):

@@ -26,6 +26,14 @@ from mservd.frontends.http.metrics import MetricsApp
 from mservd.frontends.http.responses import respond_error
 
 
+# One line per request: time, client, method and path, status, latency, request id.
+ACCESS_FORMATS = {
+    "plain": '%(t)s %(h)s "%(r)s" %(s)s %(D)sus %({x-request-id}o)s',
+    "json": '{"time": "%(t)s", "client": "%(h)s", "method": "%(m)s", "path": "%(U)s", '
+            '"status": %(s)s, "latency_us": %(D)s, "request_id": "%({x-request-id}o)s"}',
+}
+
+
 def build_app(spec: dict[str, Any]) -> Callable:
     bridge = Bridge(spec["controller"])
     auth = spec["auth"]
@@ -63,6 +71,8 @@ class FrontendServer(BaseApplication):
             "keepalive": 5,  # an idle keep-alive connection holds up a graceful stop this long
             "backlog": 2048,
             "errorlog": spec["errorlog"],
+            "accesslog": spec["accesslog"],
+            "access_log_format": ACCESS_FORMATS[spec.get("log_format", "plain")],
             "loglevel": spec.get("log_level", "info").lower(),
             "proc_name": "mservd-frontend",
             "limit_request_field_size": 16384,

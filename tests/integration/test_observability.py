@@ -1,0 +1,76 @@
+"""Metrics count exactly what was sent; logs tie lines to requests."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import requests
+
+
+def scrape(daemon) -> dict[str, float]:
+    text = requests.get(daemon.url("metrics", "/metrics"), timeout=10).text
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def test_metrics_count_a_known_mix_of_requests(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar"})
+    for i in range(5):
+        assert daemon.predict("echo", json={"i": i}).status_code == 200
+    for _ in range(2):
+        assert daemon.predict("echo", json={"fail": True}).status_code == 400
+    assert daemon.predict("echo", json={"raise": "counted"}).status_code == 500
+    for _ in range(2):
+        assert daemon.predict("nope", json={}).status_code == 404
+
+    labels = '{model_name="echo",model_version="1.0"}'
+    m = scrape(daemon)
+    assert m[f"ts_inference_requests_total{labels}"] == 8
+    assert (m["Requests2XX"], m["Requests4XX"], m["Requests5XX"]) == (5, 4, 1)
+    assert m[f"mservd_request_latency_seconds_count{labels}"] == 8
+    assert m[f"mservd_queue_latency_seconds_count{labels}"] == 8
+    assert m[f"mservd_batch_size_count{labels}"] == 8
+    assert m[f"mservd_batch_size_sum{labels}"] == 8
+    assert m[f'mservd_request_latency_seconds_bucket{{le="+Inf",model_name="echo",'
+             f'model_version="1.0"}}'] == 8
+    assert m[f"ts_inference_latency_microseconds{labels}"] > 0
+    assert m[f"mservd_live_workers{labels}"] == 1
+    assert m[f"mservd_pending_requests{labels}"] == 0
+    [worker] = daemon.describe("echo")[0]["workers"]
+    memory = f'mservd_worker_memory_bytes{{model_name="echo",model_version="1.0",' \
+             f'worker_id="{worker["id"]}"}}'
+    assert m[memory] > 10 * 2**20
+
+    # the handler's own metric arrives within the worker's shipping interval
+    deadline = time.monotonic() + 10
+    custom = None
+    while time.monotonic() < deadline:
+        custom = {k: v for k, v in scrape(daemon).items() if k.startswith("EchoRequests")}
+        if custom and sum(custom.values()) >= 8:
+            break
+        time.sleep(0.3)
+    assert custom, "the handler's EchoRequests metric never appeared"
+    [(name, value)] = [(k, v) for k, v in custom.items() if k.startswith("EchoRequests_total")]
+    assert 'ModelName="echo"' in name and 'Purpose="test"' in name
+    assert value == 8
+
+
+def test_model_log_tags_handler_output_with_pid_and_request_id(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar"})
+    answer = daemon.predict("echo", json={"say": "hello-log"})
+    rid = answer.headers["x-request-id"]
+    [worker] = daemon.describe("echo")[0]["workers"]
+    time.sleep(0.5)
+    lines = (daemon.log_dir / "model_echo.log").read_text().splitlines()
+    [line] = [l for l in lines if "hello-log" in l]
+    assert line.startswith(f"[pid {worker['pid']}] [requests {rid}] echo handled")
+
+    access = (daemon.log_dir / "access_log.log").read_text()
+    [entry] = [l for l in access.splitlines() if rid in l]
+    assert re.search(r'"POST /predictions/echo HTTP/1.1" 200 \d+us ' + rid, entry)
+    assert "127.0.0.1" in entry
