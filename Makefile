@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install samples serve stop test clean
+.PHONY: install samples serve stop test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ stop: $(STAMP)
 
 test: samples
 	$(BIN)/python -m pytest -q
+
+# The benchmark suite (about 15 minutes): mservd, TorchServe (when installed) and a naive Flask
+# baseline; writes benchmarks/results/ and BENCHMARKS.md. See BENCHMARKS.md for what it needs.
+bench: samples
+	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/python -m benchmarks.run
 
 clean:
 	rm -rf model_store/*.mar logs

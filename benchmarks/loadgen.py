@@ -1,0 +1,440 @@
+"""A small asyncio HTTP/1.1 load generator for loopback benchmarks.
+
+Raw HTTP/1.1 over keep-alive connections (an ``asyncio.Protocol`` per connection, requests
+pre-rendered to bytes), because general-purpose clients (aiohttp, httpx) spend more CPU per
+request than a fast server does on a 2-core machine, and the client would be what is measured.
+
+Two modes:
+
+- **closed loop** (:func:`closed_loop`): ``concurrency`` connections, each sending its next
+  request as soon as the previous answer arrived;
+- **open loop** (:func:`open_loop`): requests arrive as a Poisson process at ``rate`` per
+  second, each sent on a free connection of a pool; one that finds no free connection is not
+  sent and is counted as client-side ``backlog``. Latency is measured from the *scheduled*
+  arrival, so a late sender shows up as latency (no coordinated omission).
+
+Both are bounded by a number of requests and by seconds. Every answer goes through the
+workload's ``check(index, status, body)``, which returns None for a correct answer and a short
+reason otherwise; a 2xx with a wrong body counts as the error ``bad_answer``, not as completed.
+
+``python -m benchmarks.loadgen URL --concurrency 64 --seconds 5`` runs a closed loop against any
+URL (a GET, or a POST of ``--body``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+#: check(index of the request in the workload, HTTP status, body) -> None if right, else why.
+Check = Callable[[int, int, bytes], "str | None"]
+
+
+def install_fast_loop() -> str:
+    """Use uvloop when it is installed (it roughly doubles the client's ceiling); the name."""
+    try:
+        import uvloop  # type: ignore[import-not-found]
+    except ImportError:
+        return "asyncio"
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return "uvloop"
+
+
+def render_request(method: str, host: str, port: int, path: str, body: bytes = b"",
+                   content_type: str | None = None,
+                   headers: dict[str, str] | None = None) -> bytes:
+    """One HTTP/1.1 keep-alive request as the bytes to write."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Connection: keep-alive"]
+    if content_type:
+        lines.append(f"Content-Type: {content_type}")
+    for key, value in (headers or {}).items():
+        lines.append(f"{key}: {value}")
+    if body or method in ("POST", "PUT"):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+@dataclass
+class Workload:
+    """What to send (pre-rendered requests, used round-robin) and how to check each answer."""
+
+    name: str
+    host: str
+    port: int
+    requests: Sequence[bytes]
+    check: Check
+
+    @classmethod
+    def post(cls, name: str, url: str, bodies: Sequence[bytes], content_type: str,
+             check: Check, headers: dict[str, str] | None = None) -> Workload:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        path = parts.path or "/"
+        reqs = [render_request("POST", host, port, path, b, content_type, headers) for b in bodies]
+        return cls(name, host, port, reqs, check)
+
+    @classmethod
+    def get(cls, name: str, url: str, check: Check) -> Workload:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        return cls(name, host, port, [render_request("GET", host, port, parts.path or "/")], check)
+
+
+@dataclass
+class Result:
+    workload: str
+    mode: str  # "closed" or "open"
+    concurrency: int  # connections (closed loop) or pool size (open loop)
+    rate: float | None  # offered requests/s (open loop)
+    seconds: float  # wall time from the first send to the last answer
+    sent: int
+    completed: int  # right answers
+    errors: dict[str, int] = field(default_factory=dict)  # by status, or bad_answer/timeout/conn
+    backlog: int = 0  # open loop: arrivals that found no free connection (never sent)
+    throughput: float = 0.0  # completed per second
+    p50_ms: float = float("nan")
+    p90_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    max_ms: float = float("nan")
+    error_p99_ms: float = float("nan")  # how fast errors (e.g. 503 refusals) came back
+    error_max_ms: float = float("nan")
+    first_error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v)
+                for k, v in asdict(self).items()}
+
+    def line(self) -> str:
+        errs = ",".join(f"{k}:{v}" for k, v in sorted(self.errors.items())) or "-"
+        load = f"rate={self.rate:.0f}/s" if self.mode == "open" else f"c={self.concurrency}"
+        extra = f" backlog={self.backlog}" if self.mode == "open" else ""
+        return (f"{self.workload:<28} {self.mode:<6} {load:<13} sent={self.sent:<6} "
+                f"ok={self.completed:<6} err={errs}{extra} thr={self.throughput:8.1f}/s "
+                f"p50={self.p50_ms:7.2f} p90={self.p90_ms:7.2f} p99={self.p99_ms:7.2f} "
+                f"max={self.max_ms:7.2f} ms")
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of an ascending sequence; NaN when empty."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, math.ceil(q / 100.0 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+class ConnectionLost(Exception):
+    pass
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection with at most one request in flight."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.waiter: asyncio.Future | None = None
+        self.closed = False
+        # parse state of the current answer
+        self._status = 0
+        self._need = -1  # body bytes still expected; -1 while reading the head
+        self._chunked = False
+        self._close_after = False
+
+    # -- asyncio.Protocol ---------------------------------------------------------------
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionLost(str(exc) if exc else "closed by server"))
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.waiter is None or self.waiter.done():
+            return
+        try:
+            answer = self._parse()
+        except Exception as exc:  # noqa: BLE001 -- a malformed answer fails this request
+            self.waiter.set_exception(ConnectionLost(f"bad response: {exc}"))
+            return
+        if answer is not None:
+            self.waiter.set_result(answer)
+
+    # -- parsing -------------------------------------------------------------------------
+    def _parse(self) -> tuple[int, bytes] | None:
+        buf = self.buf
+        if self._need < 0:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return None
+            head = bytes(buf[:end]).decode("latin-1")
+            del buf[:end + 4]
+            lines = head.split("\r\n")
+            self._status = int(lines[0].split(" ", 2)[1])
+            length = None
+            self._chunked = False
+            self._close_after = lines[0].startswith("HTTP/1.0")
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                name = name.strip().lower()
+                if name == "content-length":
+                    length = int(value)
+                elif name == "transfer-encoding" and "chunked" in value.lower():
+                    self._chunked = True
+                elif name == "connection":
+                    v = value.strip().lower()
+                    self._close_after = v == "close" or (self._close_after and v != "keep-alive")
+            if self._chunked:
+                self._need = 0
+            elif length is None:
+                # body until close: only valid when the server closes the connection
+                self._close_after = True
+                self._need = 1 << 62
+            else:
+                self._need = length
+        if self._chunked:
+            return self._parse_chunked()
+        if len(buf) >= self._need:
+            body = bytes(buf[:self._need])
+            del buf[:self._need]
+            self._need = -1
+            return self._status, body
+        return None
+
+    def _parse_chunked(self) -> tuple[int, bytes] | None:
+        buf = self.buf
+        body = bytearray()
+        pos = 0
+        while True:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                return None
+            size = int(bytes(buf[pos:eol]).split(b";")[0], 16)
+            start = eol + 2
+            if size == 0:
+                end = buf.find(b"\r\n", start)  # no trailers expected
+                if end < 0:
+                    return None
+                del buf[:end + 2]
+                self._need = -1
+                self._chunked = False
+                return self._status, bytes(body)
+            if len(buf) < start + size + 2:
+                return None
+            body += buf[start:start + size]
+            pos = start + size + 2
+
+    # -- use -----------------------------------------------------------------------------
+    async def request(self, data: bytes) -> tuple[int, bytes]:
+        loop = asyncio.get_running_loop()
+        self.waiter = loop.create_future()
+        assert self.transport is not None
+        self.transport.write(data)
+        if self.buf:
+            answer = self._parse()
+            if answer is not None:
+                self.waiter.set_result(answer)
+        try:
+            status, body = await self.waiter
+        finally:
+            self.waiter = None
+        if self._close_after:
+            self.close()
+        return status, body
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def _connect(host: str, port: int) -> _Conn:
+    loop = asyncio.get_running_loop()
+    _, conn = await loop.create_connection(_Conn, host, port)
+    return conn
+
+
+class _Recorder:
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.ok: list[float] = []
+        self.err_lat: list[float] = []
+        self.errors: Counter[str] = Counter()
+        self.sent = 0
+        self.first_error: str | None = None
+
+    def record(self, idx: int, status: int, body: bytes, seconds: float) -> None:
+        if 200 <= status < 300:
+            why = self.workload.check(idx, status, body)
+            if why is None:
+                self.ok.append(seconds)
+                return
+            self.error("bad_answer", seconds, f"{why}: {body[:200]!r}")
+        else:
+            self.error(str(status), seconds, f"{status}: {body[:200]!r}")
+
+    def error(self, kind: str, seconds: float | None, detail: str) -> None:
+        self.errors[kind] += 1
+        if seconds is not None:
+            self.err_lat.append(seconds)
+        if self.first_error is None:
+            self.first_error = detail
+
+    def result(self, mode: str, concurrency: int, rate: float | None, seconds: float,
+               backlog: int = 0) -> Result:
+        ok = sorted(self.ok)
+        err = sorted(self.err_lat)
+        ms = 1000.0
+        return Result(
+            workload=self.workload.name, mode=mode, concurrency=concurrency, rate=rate,
+            seconds=round(seconds, 3), sent=self.sent, completed=len(ok),
+            errors=dict(self.errors), backlog=backlog,
+            throughput=len(ok) / seconds if seconds > 0 else 0.0,
+            p50_ms=percentile(ok, 50) * ms, p90_ms=percentile(ok, 90) * ms,
+            p99_ms=percentile(ok, 99) * ms, max_ms=(ok[-1] * ms) if ok else float("nan"),
+            error_p99_ms=percentile(err, 99) * ms, error_max_ms=(err[-1] * ms) if err else float("nan"),
+            first_error=self.first_error,
+        )
+
+
+async def _send_one(conn: _Conn | None, workload: Workload, rec: _Recorder, idx: int,
+                    started: float, timeout: float) -> _Conn | None:
+    """Send request ``idx`` on ``conn`` (reconnecting if needed); the connection to reuse."""
+    req = workload.requests[idx % len(workload.requests)]
+    rec.sent += 1
+    try:
+        if conn is None or conn.closed:
+            conn = await asyncio.wait_for(_connect(workload.host, workload.port), timeout)
+        status, body = await asyncio.wait_for(conn.request(req), timeout)
+    except TimeoutError:
+        rec.error("timeout", time.perf_counter() - started, f"no answer within {timeout} s")
+        if conn is not None:
+            conn.close()
+        return None
+    except (ConnectionLost, OSError) as exc:
+        rec.error("conn", time.perf_counter() - started, f"connection: {exc}")
+        if conn is not None:
+            conn.close()
+        return None
+    rec.record(idx, status, body, time.perf_counter() - started)
+    return conn
+
+
+async def closed_loop_async(workload: Workload, concurrency: int, seconds: float,
+                            max_requests: int | None = None, timeout: float = 30.0) -> Result:
+    rec = _Recorder(workload)
+    limit = max_requests if max_requests is not None else 1 << 62
+    conns = await asyncio.gather(*(_connect(workload.host, workload.port)
+                                   for _ in range(concurrency)))
+    counter = iter(range(1 << 62))
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+
+    async def client(conn: _Conn | None) -> None:
+        while True:
+            now = time.perf_counter()
+            if now >= deadline or rec.sent >= limit:
+                break
+            conn = await _send_one(conn, workload, rec, next(counter), now, timeout)
+        if conn is not None:
+            conn.close()
+
+    await asyncio.gather(*(client(c) for c in conns))
+    return rec.result("closed", concurrency, None, time.perf_counter() - t0)
+
+
+async def open_loop_async(workload: Workload, rate: float, seconds: float,
+                          max_requests: int | None = None, pool: int = 256,
+                          timeout: float = 30.0, seed: int = 1) -> Result:
+    rec = _Recorder(workload)
+    limit = max_requests if max_requests is not None else 1 << 62
+    rng = random.Random(seed)
+    # Connections open on first use: an idle open connection would block a server that
+    # serves one connection at a time (a gunicorn sync worker) until it sends something.
+    idle: list[_Conn | None] = [None] * pool
+    backlog = 0
+    tasks: set[asyncio.Task] = set()
+    t0 = time.perf_counter()
+    next_at = t0
+    arrivals = 0
+
+    async def fire(conn: _Conn | None, idx: int, scheduled: float) -> None:
+        conn = await _send_one(conn, workload, rec, idx, scheduled, timeout)
+        idle.append(conn)
+
+    while arrivals < limit:
+        next_at += rng.expovariate(rate)
+        if next_at - t0 >= seconds:
+            break
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        arrivals += 1
+        if not idle:
+            backlog += 1
+            continue
+        task = asyncio.ensure_future(fire(idle.pop(), arrivals - 1, next_at))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.gather(*tasks)
+    for conn in idle:
+        if conn is not None:
+            conn.close()
+    return rec.result("open", pool, rate, time.perf_counter() - t0, backlog)
+
+
+def closed_loop(workload: Workload, concurrency: int, seconds: float,
+                max_requests: int | None = None, timeout: float = 30.0) -> Result:
+    return asyncio.run(closed_loop_async(workload, concurrency, seconds, max_requests, timeout))
+
+
+def open_loop(workload: Workload, rate: float, seconds: float, max_requests: int | None = None,
+              pool: int = 256, timeout: float = 30.0, seed: int = 1) -> Result:
+    return asyncio.run(open_loop_async(workload, rate, seconds, max_requests, pool, timeout, seed))
+
+
+def check_status_only(idx: int, status: int, body: bytes) -> str | None:
+    return None
+
+
+def check_equals(expected: bytes) -> Check:
+    def check(idx: int, status: int, body: bytes) -> str | None:
+        return None if body == expected else "unexpected body"
+    return check
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="closed- or open-loop HTTP load on one URL")
+    parser.add_argument("url")
+    parser.add_argument("--concurrency", "-c", type=int, default=64)
+    parser.add_argument("--rate", type=float, help="open loop at this many requests/s")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--requests", type=int)
+    parser.add_argument("--body", help="POST this body")
+    parser.add_argument("--content-type", default="application/json")
+    args = parser.parse_args(argv)
+    print("event loop:", install_fast_loop())
+    if args.body is not None:
+        work = Workload.post("cli", args.url, [args.body.encode()], args.content_type,
+                             check_status_only)
+    else:
+        work = Workload.get("cli", args.url, check_status_only)
+    if args.rate:
+        result = open_loop(work, args.rate, args.seconds, args.requests, pool=args.concurrency)
+    else:
+        result = closed_loop(work, args.concurrency, args.seconds, args.requests)
+    print(result.line())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""Render a results JSON into BENCHMARKS.md (between its results markers) and a PNG plot.
+
+A full run replaces the part of BENCHMARKS.md between ``<!-- results:begin -->`` and
+``<!-- results:end -->`` (the prose around it is kept) and writes
+``benchmarks/latency_throughput.png``; a ``--quick`` run writes
+``benchmarks/results/BENCHMARKS-quick.md`` and ``benchmarks/results/latency_throughput-quick.png``
+instead, so a smoke run never overwrites the published numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+BEGIN = "<!-- results:begin -->"
+END = "<!-- results:end -->"
+ORDER = ("mservd", "torchserve", "naive-flask")
+
+
+def _get(d: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, float):
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _ratio(a: Any, b: Any) -> str:
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or not b:
+        return "–"
+    return f"{a / b:.2f}x"
+
+
+def _errors(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return "–"
+    errs = entry.get("errors") or {}
+    parts = [f"{k}: {v}" for k, v in sorted(errs.items())]
+    if entry.get("backlog"):
+        parts.append(f"client backlog: {entry['backlog']}")
+    return ", ".join(parts) or "0"
+
+
+def rows(results: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
+    """(label, {system: value}, kind) where kind says how to show it."""
+    systems = results["systems"]
+    out: list[tuple[str, dict[str, Any], str]] = []
+
+    def add(label: str, kind: str, *path: str) -> None:
+        out.append((label, {s: _get(systems.get(s), *path) for s in ORDER}, kind))
+
+    for model in ("tiny", "resnet18"):
+        closed = _get(systems.get("mservd"), model, "closed") or {}
+        conc = sorted({int(c) for s in ORDER for c in (_get(systems.get(s), model, "closed") or {})}
+                      or {int(c) for c in closed})
+        for c in conc:
+            add(f"{model} c={c}: throughput (req/s)", "num", model, "closed", str(c), "throughput")
+            add(f"{model} c={c}: p50 (ms)", "num", model, "closed", str(c), "p50_ms")
+            add(f"{model} c={c}: p99 (ms)", "num", model, "closed", str(c), "p99_ms")
+            add(f"{model} c={c}: errors", "err", model, "closed", str(c))
+        factors = sorted({f for s in ORDER for f in (_get(systems.get(s), model, "open") or {})},
+                         key=float)
+        for f in factors:
+            add(f"{model} open {f}x own max: offered (req/s)", "num", model, "open", f, "rate")
+            add(f"{model} open {f}x: answered right (req/s)", "num", model, "open", f,
+                "throughput")
+            add(f"{model} open {f}x: accepted p50 (ms)", "num", model, "open", f, "p50_ms")
+            add(f"{model} open {f}x: accepted p99 (ms)", "num", model, "open", f, "p99_ms")
+            add(f"{model} open {f}x: refusals p99 (ms)", "num", model, "open", f,
+                "error_p99_ms")
+            add(f"{model} open {f}x: errors", "err", model, "open", f)
+    add("ready: command to both models loaded (s)", "num", "ready_seconds")
+    add("then first right answer of each model (s)", "num", "first_answers_seconds")
+    add("memory idle: RSS (MiB)", "num", "memory_idle", "rss_mib")
+    add("memory idle: PSS (MiB)", "num", "memory_idle", "pss_mib")
+    add("memory under load (tiny c=64 peak): RSS (MiB)", "num", "tiny", "closed", "64",
+        "memory_peak", "rss_mib")
+    add("memory under load (tiny c=64 peak): PSS (MiB)", "num", "tiny", "closed", "64",
+        "memory_peak", "pss_mib")
+    for n in ("1", "4"):
+        add(f"resnet18 alone, {n} worker(s): idle RSS (MiB)", "num", "memory_workers", n,
+            "idle", "rss_mib")
+        add(f"resnet18 alone, {n} worker(s): idle PSS (MiB)", "num", "memory_workers", n,
+            "idle", "pss_mib")
+        add(f"resnet18 alone, {n} worker(s): under load PSS (MiB)", "num", "memory_workers", n,
+            "load", "pss_mib")
+    return out
+
+
+def table(results: dict[str, Any]) -> str:
+    present = [s for s in ORDER if s in results["systems"]]
+    head = ["figure", *present]
+    if "mservd" in present:
+        head += [f"mservd / {s}" for s in present if s != "mservd"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, values, kind in rows(results):
+        if all(values.get(s) is None for s in present):
+            continue
+        if kind == "err":
+            cells = [_errors(values.get(s)) for s in present]
+            ratios = ["" for s in present if s != "mservd"] if "mservd" in present else []
+        else:
+            cells = [_fmt(values.get(s)) for s in present]
+            ratios = ([_ratio(values.get("mservd"), values.get(s)) for s in present
+                       if s != "mservd"] if "mservd" in present else [])
+        lines.append("| " + " | ".join([label, *cells, *ratios]) + " |")
+    return "\n".join(lines)
+
+
+def cpu_table(results: dict[str, Any]) -> str:
+    lines = []
+    for s in ORDER:
+        cpu = _get(results["systems"].get(s), "tiny", "closed", "64", "cpu")
+        if not cpu:
+            continue
+        wall = cpu["wall_seconds"]
+        parts = ", ".join(f"{role} {secs / wall:.2f}" for role, secs in
+                          sorted(cpu["cpu_seconds"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"- **{s}** ({cpu['cores_busy']} cores busy in all): {parts}")
+    return "\n".join(lines)
+
+
+def targets(results: dict[str, Any]) -> str:
+    sy = results["systems"]
+    m, ts = sy.get("mservd") or {}, sy.get("torchserve") or {}
+    inproc = results.get("inprocess", {})
+    checks = []
+
+    def check(text: str, ok: bool | None, detail: str) -> None:
+        mark = "n/a" if ok is None else ("met" if ok else "**not met**")
+        checks.append(f"| {text} | {mark} | {detail} |")
+
+    t64, ts64 = _get(m, "tiny", "closed", "64"), _get(ts, "tiny", "closed", "64")
+    if t64 and ts64:
+        check("tiny@64 ≥ 2x TorchServe throughput, lower p99",
+              t64["throughput"] >= 2 * ts64["throughput"] and t64["p99_ms"] < ts64["p99_ms"],
+              f"{t64['throughput']:.0f} vs {ts64['throughput']:.0f} req/s "
+              f"({t64['throughput'] / ts64['throughput']:.2f}x); p99 {t64['p99_ms']:.1f} vs "
+              f"{ts64['p99_ms']:.1f} ms")
+    c1 = _get(m, "tiny", "closed", "1")
+    if c1:
+        check("tiny c=1 p50 < 2 ms", c1["p50_ms"] < 2, f"{c1['p50_ms']:.2f} ms")
+    o = _get(m, "tiny", "open", "1.8")
+    if o:
+        errs = o.get("errors") or {}
+        bad = {k: v for k, v in errs.items() if k != "503"}
+        ok = (o["p99_ms"] or 1e9) < 100 and not bad and (o.get("error_p99_ms") or 0) < 100
+        check("tiny open 1.8x: accepted p99 < 100 ms, rest 503 at once, no timeouts", ok,
+              f"accepted p99 {_fmt(o['p99_ms'])} ms, refusals {errs.get('503', 0)} with p99 "
+              f"{_fmt(o.get('error_p99_ms'))} ms, other errors {bad or 0}")
+    r8, lim = _get(m, "resnet18", "closed", "8"), _get(inproc, "resnet18", "throughput")
+    if r8 and lim:
+        best = max(v["throughput"] for v in m["resnet18"]["closed"].values())
+        ts_best = max((v["throughput"] for v in (_get(ts, "resnet18", "closed") or {}).values()),
+                      default=None)
+        ok = best >= 0.95 * lim and (ts_best is None or best > ts_best)
+        check("resnet18 ≥ 95% of the in-process limit and ahead of TorchServe", ok,
+              f"best {best:.2f} req/s = {best / lim:.0%} of {lim:.2f}; TorchServe "
+              f"{_fmt(ts_best, 2)}")
+    if m.get("ready_seconds") and ts.get("ready_seconds"):
+        check("ready in < 1/3 of TorchServe's time", m["ready_seconds"] < ts["ready_seconds"] / 3,
+              f"{m['ready_seconds']:.1f} vs {ts['ready_seconds']:.1f} s")
+    mp, tp = _get(m, "memory_idle", "pss_mib"), _get(ts, "memory_idle", "pss_mib")
+    if mp and tp:
+        check("idle PSS < 1/3 of TorchServe's", mp < tp / 3, f"{mp:.0f} vs {tp:.0f} MiB")
+    if not checks:
+        return ""
+    return "| target | result | measured |\n|---|---|---|\n" + "\n".join(checks)
+
+
+def plot(results: dict[str, Any], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    colors = {"mservd": "tab:blue", "torchserve": "tab:orange", "naive-flask": "tab:green"}
+    for ax, model in zip(axes, ("tiny", "resnet18")):
+        for s in ORDER:
+            entry = _get(results["systems"].get(s), model)
+            if not entry:
+                continue
+            pts = []
+            for c, r in sorted(entry.get("closed", {}).items(), key=lambda kv: int(kv[0])):
+                pts.append((r["throughput"], r["p50_ms"], r["p99_ms"], f"c={c}"))
+            for f, r in sorted(entry.get("open", {}).items(), key=lambda kv: float(kv[0])):
+                pts.append((r["throughput"], r["p50_ms"], r["p99_ms"], f"open {f}x"))
+            pts = [p for p in pts if p[1] is not None and p[2] is not None]
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            ax.scatter(xs, [p[2] for p in pts], color=colors[s], marker="o", label=f"{s} p99")
+            ax.scatter(xs, [p[1] for p in pts], color=colors[s], marker="x", label=f"{s} p50")
+            for x, _, y, text in pts:
+                ax.annotate(text, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        lim = _get(results, "inprocess", model, "throughput")
+        if lim:
+            ax.axvline(lim, color="grey", linestyle="--", linewidth=1, label="in-process limit")
+        ax.set_yscale("log")
+        ax.set_xlabel("right answers per second")
+        ax.set_ylabel("latency (ms, log)")
+        ax.set_title(f"{model}: latency vs throughput")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"mservd vs TorchServe vs naive Flask — {results['date']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+SKELETON = f"""# Benchmarks
+
+{BEGIN}
+{END}
+"""
+
+
+def section(results: dict[str, Any], png_name: str) -> str:
+    mach = results["machine"]
+    st = results["settings"]
+    cc = results.get("client_ceiling", {})
+    lines = [(f"Measured {results['date']}{' (quick run)' if results.get('quick') else ''}, "
+             f"{results.get('total_seconds', '?')} s in all."), ""]
+    lines.append(f"**Machine:** {mach['cpus']} CPUs ({mach['cpu']}), {mach['memory']} RAM, "
+                 f"Python {mach['python']}, torch {mach['torch']} ({mach['torch_threads']} "
+                 f"threads), TorchServe {mach.get('torchserve') or 'not installed'}; load average "
+                 f"at start {', '.join(f'{x:.2f}' for x in mach['loadavg_at_start'])}; "
+                 f"client event loop {results.get('event_loop')}.")
+    lines.append("")
+    lines.append(f"**Settings (all systems):** {st['workers_per_model']} workers per model, "
+                 f"batch size {st['batch_size']}, max batch delay {st['max_batch_delay_ms']} ms, "
+                 f"job queue {st['job_queue_size']}, loopback, no token auth. Durations: "
+                 f"tiny {st['plan']['tiny_seconds']} s, resnet18 {st['plan']['resnet_seconds']} s "
+                 f"per point after a {st['plan']['warmup_seconds']} s warm-up at c=8; open loop "
+                 f"pool {st['plan']['open_pool']} connections; request timeout "
+                 f"{st['plan']['timeout']} s.")
+    lines.append("")
+    for name, sys_ in results["systems"].items():
+        if sys_.get("skipped"):
+            lines.append(f"- {name} was skipped: {sys_['skipped']}")
+        if sys_.get("error"):
+            lines.append(f"- {name} failed: `{sys_['error'][:300]}`")
+    if cc:
+        lines.append("**Client ceiling** (the load generator against `benchmarks/trivial_server.py`"
+                     "): " + "; ".join(f"{k}: {v['throughput']:,.0f} req/s, p99 {_fmt(v['p99_ms'], 2)}"
+                                       " ms" for k, v in cc.items()) + ".")
+        lines.append("")
+    inp = results.get("inprocess", {})
+    if inp:
+        lines.append("**In-process limit** (the archive's handler on full batches of "
+                     f"{st['batch_size']}, decode → handle → encode, one process, no server): "
+                     + "; ".join(f"{k}: {v['throughput']:,.1f} req/s ({v['threads']} threads, "
+                                 f"{v['batch_ms_p50']:.1f} ms per batch)" for k, v in inp.items())
+                     + ".")
+        lines.append("")
+    t = targets(results)
+    if t:
+        lines += ["### Targets (issue 8)", "", t, ""]
+    lines += ["### Results", "",
+              ("Every answer is checked against the in-process result for its input; a wrong "
+              "answer counts as `bad_answer`, not as completed. Ratios are mservd's figure "
+              "divided by the other system's, from the same run."), "", table(results), ""]
+    cpu = cpu_table(results)
+    if cpu:
+        lines += ["### Where the CPU went at tiny c=64 (cores used, per process role)", "", cpu,
+                  ""]
+    lines += [f"![latency versus throughput]({png_name})", ""]
+    return "\n".join(lines)
+
+
+def render(results: dict[str, Any], repo: Path) -> list[Path]:
+    quick = results.get("quick")
+    if quick:
+        md = repo / "benchmarks" / "results" / "BENCHMARKS-quick.md"
+        png = repo / "benchmarks" / "results" / "latency_throughput-quick.png"
+        png_ref = png.name
+    else:
+        md = repo / "BENCHMARKS.md"
+        png = repo / "benchmarks" / "latency_throughput.png"
+        png_ref = "benchmarks/latency_throughput.png"
+    md.parent.mkdir(parents=True, exist_ok=True)
+    text = md.read_text() if md.exists() else SKELETON
+    if BEGIN not in text or END not in text:
+        text = text.rstrip() + "\n\n" + BEGIN + "\n" + END + "\n"
+    before, rest = text.split(BEGIN, 1)
+    _, after = rest.split(END, 1)
+    md.write_text(before + BEGIN + "\n" + section(results, png_ref) + END + after)
+    written = [md]
+    if plot(results, png):
+        written.append(png)
+    return written
