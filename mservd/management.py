@@ -161,6 +161,9 @@ class Management:
                 return
 
             def check(now: float):
+                if not ctl.registry.has_version(name, version):
+                    mv.load_error = mv.load_error or "the model was unregistered while loading"
+                    return self._failed_register(mv)
                 if ctl.supervisor.is_failed(mv):
                     return self._failed_register(mv)
                 if mv.live_count() >= mv.target_workers:
@@ -210,6 +213,8 @@ class Management:
         return Reply(500, body)
 
     def _store_path(self, url: str) -> Path:
+        if "\x00" in url:
+            raise BadRequest(f"Invalid url {url!r}: it contains a NUL byte.")
         if url.startswith("file://"):
             url = urllib.parse.urlsplit(url).path
         if self.store is None:
@@ -278,6 +283,10 @@ class Management:
             return Reply(202, {"status": "Processing worker updates..."})
 
         def check(now: float):
+            if not self.ctl.registry.has_version(mv.name, mv.version):
+                return Reply(404, {"code": 404, "type": "ModelNotFoundException",
+                                   "message": f"Model {mv.name} version {mv.version} was "
+                                              "unregistered while scaling."})
             workers = list(mv.workers.values())
             if len(workers) == mv.target_workers and all(w.is_ready for w in workers):
                 return Reply(200, {"status": f"Workers scaled to {mv.target_workers} for model: "

@@ -55,6 +55,14 @@ class InferenceApp:
                     raise MethodNotAllowed(f"Method {method} is not allowed on /ping; use GET.")
                 reply = self.bridge.manage("ping", {}, None, 10.0)
                 return respond(start_response, reply.status, reply.body, reply.content_type)
+            if path in ("/", "/api-description"):  # OpenAPI 3; no token, as in TorchServe
+                from mservd.frontends.http.openapi import inference_api
+
+                wanted = "OPTIONS" if path == "/" else "GET"
+                if method != wanted:
+                    raise MethodNotAllowed(f"Method {method} is not allowed on {path}; use "
+                                           f"{wanted}.")
+                return respond_json(start_response, 200, inference_api())
             raise ResourceNotFound(f"Requested resource is not found: {method} {path}. "
                                    "Try POST /predictions/{model_name}.")
         except MservdError as exc:

@@ -82,6 +82,13 @@ def create_management_app(bridge: Bridge, timeout: float, auth: bool) -> Flask:
     def token() -> Response:
         return call("token", {"type": request.args.get("type")})
 
+    @app.route("/", methods=["OPTIONS"])
+    @app.get("/api-description")
+    def api_description() -> Response:  # OpenAPI 3; no token, as in TorchServe
+        from mservd.frontends.http.openapi import management_api
+
+        return app.json.response(management_api())
+
     @app.errorhandler(MservdError)
     def on_error(exc: MservdError) -> Response:
         headers = dict(exc.headers)
