@@ -21,10 +21,12 @@ from typing import Any
 import click
 
 from mservd import __version__
-from mservd.config import ConfigError, Settings, load
+from mservd.config import ConfigError, Settings, load, parse_address
 from mservd.run_handler import run_handler_command
 
 DETACHED_ENV = "MSERVD_DETACHED"
+# Knative (so KServe) tells a serving container its port in PORT (usually 8080).
+PORT_ENV = "PORT"
 
 
 def resolve_settings(ts_config: str | None, **flags: Any) -> Settings:
@@ -34,6 +36,29 @@ def resolve_settings(ts_config: str | None, **flags: Any) -> Settings:
         return load(config_file, env=os.environ, overrides=overrides)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def port_env_address(settings: Settings, environ: Any = None) -> str | None:
+    """The inference address with its port replaced by ``$PORT``, or None to leave it.
+
+    Precedence: ``PORT`` beats the inference address's port from config.properties or
+    ``TS_INFERENCE_ADDRESS``; the host is kept (``0.0.0.0`` in a container). When ``PORT`` is
+    the gRPC inference port, it is left to gRPC: that is how Knative routes a ``grpc-v2``
+    InferenceService, whose one declared port (h2c) is the gRPC one.
+    """
+    raw = (os.environ if environ is None else environ).get(PORT_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        port = int(raw)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise click.ClickException(f"{PORT_ENV}={raw!r} is not a port (0-65535).")
+    if port == settings.grpc_inference_port:
+        return None
+    scheme, host, _ = parse_address(settings.inference_address)
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def _split_models(values: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -62,15 +87,29 @@ def cli() -> None:
 @click.option("--enable-model-api", is_flag=True,
               help="Allow registering and unregistering models over the management API.")
 @click.option("--disable-token-auth", is_flag=True, help="Serve without token authorization.")
+@click.option("--grpc-port", "--grpc-inference-port", "grpc_port", type=click.IntRange(0, 65535),
+              help="gRPC inference port (grpc_inference_port; 0 picks a free port).")
+@click.option("--grpc-management-port", type=click.IntRange(0, 65535),
+              help="gRPC management port (grpc_management_port; 0 picks a free port).")
 def start_command(model_store, models, ts_config, log_dir, foreground, ncs, enable_model_api,
-                  disable_token_auth) -> None:
-    """Start the daemon; return once it serves and its start-up models are loaded."""
+                  disable_token_auth, grpc_port, grpc_management_port) -> None:
+    """Start the daemon; return once it serves and its start-up models are loaded.
+
+    The PORT environment variable (set by Knative/KServe) replaces the inference address's
+    port, unless it is the gRPC inference port.
+    """
     from mservd.daemon import Daemon, StartError, running_pid, state_path
 
-    settings = resolve_settings(
-        ts_config, model_store=model_store, load_models=_split_models(models), log_dir=log_dir,
-        snapshot=False if ncs else None, enable_model_api=True if enable_model_api else None,
-        disable_token_authorization=True if disable_token_auth else None)
+    flags = {
+        "model_store": model_store, "load_models": _split_models(models), "log_dir": log_dir,
+        "snapshot": False if ncs else None,
+        "enable_model_api": True if enable_model_api else None,
+        "disable_token_authorization": True if disable_token_auth else None,
+        "grpc_inference_port": grpc_port, "grpc_management_port": grpc_management_port}
+    settings = resolve_settings(ts_config, **flags)
+    inference_address = port_env_address(settings)
+    if inference_address is not None:
+        settings = resolve_settings(ts_config, **flags, inference_address=inference_address)
     log_dir_path = Path(settings.log_dir).resolve()
     if foreground:
         try:
@@ -210,3 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
+
+
+from mservd.client_commands import metrics_command, models_group
+
+cli.add_command(models_group)
+cli.add_command(metrics_command)
