@@ -730,6 +730,17 @@ def load(
             continue
         apply(*target, raw, "command line")
 
+    if "model_snapshot" in extra and "models" not in values:
+        # KServe's TorchServe configs list their models in a TorchServe snapshot document
+        try:
+            models = _to_json_object(extra["model_snapshot"]).get("models")
+            if not isinstance(models, Mapping):
+                raise ValueError(f"its models must be an object, got {type(models).__name__}")
+            values["models"] = _models_block(dict(models))
+        except ValueError as exc:
+            lines = exc.problems if isinstance(exc, _Problems) else [str(exc)]
+            problems.extend(f"model_snapshot: {line}" for line in lines)
+
     if problems:
         raise ConfigError(problems)
     return Settings(**values, extra=types.MappingProxyType(extra), config_file=path)

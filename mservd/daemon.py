@@ -292,6 +292,7 @@ class Daemon:
         spec = {
             "controller": http_spec["controller"],
             "host": parse_address(settings.inference_address)[1],
+            "management_host": parse_address(settings.management_address)[1],
             "inference_port": settings.grpc_inference_port,
             "management_port": settings.grpc_management_port,
             "ports_file": str(self.grpc_ports_file),

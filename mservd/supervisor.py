@@ -107,7 +107,7 @@ class Supervisor:
         worker_id = str(self._next_id)
         self._next_id += 1
         gpu_id = self._pick_gpu(mv)
-        cores = os.cpu_count() or 1
+        cores = available_cores()
         spec = {
             "worker_id": worker_id,
             "endpoint": self.endpoint,
@@ -261,6 +261,21 @@ def describe_exit(code: int) -> str:
     if code == EXIT_LOAD_FAILED:
         return "exit code 3 (the handler failed to load)"
     return f"exit code {code}"
+
+
+def available_cores() -> int:
+    """CPUs this process may use: its affinity, capped by a cgroup quota (a container limit)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
 
 
 def detect_gpus() -> int:

@@ -101,7 +101,7 @@ class Daemon:
             [sys.executable, "-m", "mservd", "start", "--foreground", "--ts-config",
              str(self.config), "--log-dir", str(self.log_dir), *self.args],
             cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+            start_new_session=True, env={k: v for k, v in os.environ.items() if k != "PORT"})
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if state_file.exists():

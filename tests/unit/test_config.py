@@ -570,3 +570,21 @@ def test_read_model_yaml_rejects_bad_yaml(tmp_path: Path) -> None:
     path.write_text("a: [1, 2\n")
     with pytest.raises(ConfigError, match="is not valid YAML"):
         config.read_model_yaml(path)
+
+
+def test_load_reads_models_from_a_kserve_model_snapshot(tmp_path) -> None:
+    path = tmp_path / "config.properties"
+    path.write_text(
+        'model_snapshot={"name":"startup.cfg","modelCount":1,"models":{"mnist":{"1.0":'
+        '{"defaultVersion":true,"marName":"mnist.mar","minWorkers":2,"batchSize":4}}}}\n')
+    settings = config.load(path)
+    assert settings.models["mnist"]["1.0"]["marName"] == "mnist.mar"
+    model = config.resolve_model_settings(settings, "mnist", "1.0")
+    assert (model.min_workers, model.batch_size) == (2, 4)
+
+
+def test_load_reports_a_broken_model_snapshot(tmp_path) -> None:
+    path = tmp_path / "config.properties"
+    path.write_text('model_snapshot={"models": 3}\n')
+    with pytest.raises(ConfigError, match="model_snapshot"):
+        config.load(path)

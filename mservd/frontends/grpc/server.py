@@ -45,6 +45,8 @@ def _bind(server: grpc.aio.Server, host: str, port: int, what: str) -> int:
 
 async def serve(spec: dict[str, Any]) -> None:
     host = spec.get("host", "127.0.0.1")
+    # management binds where the REST management API does (loopback unless configured)
+    mhost = spec.get("management_host", host)
     max_size = int(spec["max_request_size"])
     options = [("grpc.max_receive_message_length", max_size),
                ("grpc.max_send_message_length", int(spec.get("max_response_size", max_size)))]
@@ -60,7 +62,7 @@ async def serve(spec: dict[str, Any]) -> None:
         ManagementAPIs(bridge, spec["auth"]), management)
     ports = {
         "inference": f"{host}:{_bind(inference, host, spec['inference_port'], 'grpc_inference_port')}",
-        "management": f"{host}:{_bind(management, host, spec['management_port'], 'grpc_management_port')}",
+        "management": f"{mhost}:{_bind(management, mhost, spec['management_port'], 'grpc_management_port')}",
     }
     await inference.start()
     await management.start()
