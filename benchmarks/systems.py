@@ -279,8 +279,9 @@ class NaiveFlask(System):
 
 def torchserve_available() -> str | None:
     """None when TorchServe 0.12 and Java can run here, else why not."""
-    exe = Path(sys.executable).with_name("torchserve")
-    if not exe.exists() and shutil.which("torchserve") is None:
+    try:
+        import ts.model_server  # noqa: F401 - the real TorchServe package, not mservd's entry
+    except ImportError:
         return "torchserve is not installed (pip install torchserve==0.12.0)"
     if shutil.which("java") is None:
         return "no java on PATH (TorchServe's frontend is a JVM)"
@@ -290,9 +291,11 @@ def torchserve_available() -> str | None:
 class TorchServe(System):
     name = "torchserve"
 
-    def _exe(self) -> str:
-        exe = Path(sys.executable).with_name("torchserve")
-        return str(exe) if exe.exists() else "torchserve"
+    def _exe(self) -> list[str]:
+        # TorchServe's own entry point, by module: mservd installs a `torchserve` script of its
+        # own (the drop-in), which must not be what this column measures.
+        launcher = "import sys; from ts.model_server import start; sys.argv[0] = 'torchserve'; start()"
+        return [sys.executable, "-c", launcher]
 
     def _env(self) -> dict[str, str]:
         tmp = self.workdir / "tmp"
@@ -329,7 +332,7 @@ class TorchServe(System):
         config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         self.inference_url = props["inference_address"]
         self.management_url = props["management_address"]
-        return ([self._exe(), "--start", "--foreground", "--model-store", str(self.store),
+        return ([*self._exe(), "--start", "--foreground", "--model-store", str(self.store),
                  "--ts-config", str(config), "--disable-token-auth", "--ncs",
                  "--models", *[f"{m}={m}.mar" for m in models]], self._env())
 
@@ -363,7 +366,7 @@ class TorchServe(System):
         return proc.name()
 
     def _stop_command(self) -> None:
-        subprocess.run([self._exe(), "--stop"], env=self._env(), cwd=self.workdir,
+        subprocess.run([*self._exe(), "--stop"], env=self._env(), cwd=self.workdir,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
         assert self.proc is not None
         try:

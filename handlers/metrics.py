@@ -41,6 +41,17 @@ class MetricSample:
     dimensions: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Dimension:
+    """A metric dimension as TorchServe handlers build them (``ts.metrics.dimension``)."""
+
+    name: str
+    value: str
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.value}"
+
+
 DimensionsArg = Mapping[str, Any] | Iterable[Any] | None
 
 

@@ -30,6 +30,7 @@ TS_ALIASES = {
     "ts.handler_utils.utils": "handlers.streaming",
     "ts.protocol.otf_message_handler": "handlers.streaming",
     "ts.metrics.metric_type_enum": "handlers.metrics",
+    "ts.metrics.dimension": "handlers.metrics",
 }
 
 

@@ -107,7 +107,8 @@ class Controller:
             gpu_count,
             send_stop=lambda w: self.back.send_multipart([w.identity, protocol.STOP]),
             worker_spec_extra={"max_response_size": settings.max_response_size,
-                               "log_level": settings.log_level},
+                               "log_level": settings.log_level,
+                               "install_py_dep_per_model": settings.install_py_dep_per_model},
         )
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mservd-unpack")
         self.tasks: list[tuple[Future, Callable[[Future], None]]] = []
@@ -332,6 +333,11 @@ class Controller:
             return
         if kind == protocol.DONE:
             self.on_done(worker, frames, now)
+        elif kind == protocol.CHUNK:  # a streamed part: forward it, the request stays open
+            pending = worker.batch.get(frames[2])
+            if pending is not None:
+                self.front.send_multipart([pending.fid, protocol.CHUNK, frames[2], frames[3],
+                                           frames[4]])
         elif kind == protocol.READY:
             self.on_ready(worker, now)
         elif kind == protocol.METRICS:

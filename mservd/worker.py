@@ -101,9 +101,83 @@ def load(spec: dict[str, Any]):
         limit_max_image_pixels=spec.get("limit_max_image_pixels", True),
         model_yaml_config=spec.get("model_yaml") or {},
     )
+    if spec.get("install_py_dep_per_model"):
+        install_model_requirements(spec["model_dir"], spec.get("manifest") or {})
     handler = load_handler(spec["model_dir"], spec["handler"])
     handler.initialize(context)
     return handler, context
+
+
+DEPS_DIR = ".deps"
+PIP_TIMEOUT = 300.0  # seconds; a pip that hangs fails the load with its output so far
+
+
+class RequirementsError(Exception):
+    """pip could not install the archive's requirements file."""
+
+
+def install_model_requirements(model_dir: str, manifest: dict[str, Any]) -> str | None:
+    """``pip install --target <model_dir>/.deps -r <requirementsFile>`` (install_py_dep_per_model).
+
+    TorchServe's per-model dependencies: the folder goes first on ``sys.path``. Workers of one
+    model share it; a lock serialises them and a marker skips a second install.
+    """
+    req = (manifest.get("model") or {}).get("requirementsFile")
+    if not req:
+        return None
+    import fcntl
+    import hashlib
+    import subprocess
+
+    req_path = os.path.join(model_dir, req)
+    if not os.path.isfile(req_path):
+        raise RequirementsError(f"The archive names requirementsFile {req!r}, but "
+                                f"{req_path} does not exist.")
+    target = os.path.join(model_dir, DEPS_DIR)
+    with open(req_path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    marker = os.path.join(target, ".mservd-installed")
+    with open(os.path.join(model_dir, DEPS_DIR + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = False
+        if os.path.isfile(marker):
+            with open(marker) as f:
+                done = f.read() == digest
+        if not done:
+            cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
+                   "--no-input", "--target", target, "-r", req_path]
+            log.info("installing %s: %s", req, " ".join(cmd))
+            try:
+                proc = subprocess.run(cmd, cwd=model_dir, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, timeout=PIP_TIMEOUT, check=False)
+            except subprocess.TimeoutExpired as exc:
+                out = (exc.stdout or b"").decode(errors="replace")
+                raise RequirementsError(f"pip install -r {req} did not finish within "
+                                        f"{PIP_TIMEOUT:.0f} s:\n{out[-4000:]}") from None
+            out = proc.stdout.decode(errors="replace")
+            if proc.returncode != 0:
+                raise RequirementsError(f"pip install -r {req} failed (exit code "
+                                        f"{proc.returncode}):\n{out[-4000:]}")
+            log.info("pip output:\n%s", out[-2000:])
+            with open(marker, "w") as f:
+                f.write(digest)
+    if target not in sys.path:
+        sys.path.insert(0, target)
+    return target
+
+
+def attach_stream(context, sock, max_response_size: int) -> None:
+    """Let the handler stream: ``send_intermediate`` sends one CHUNK for a request at once.
+
+    Set once per worker; a plain batch pays nothing for it. The chunk is encoded like a final
+    answer (status, content type and headers as the handler set them).
+    """
+    def send_chunk(idx: int, item: Any) -> None:
+        rid = context.request_ids[idx].encode()
+        sock.send_multipart([protocol.CHUNK, rid,
+                             *_encode_answer(context, idx, item, max_response_size)])
+
+    context.stream_callback = send_chunk
 
 
 def run_batch(handler, context, frames: list[bytes], max_response_size: int) -> list[bytes]:
@@ -266,6 +340,7 @@ def serve(spec: dict[str, Any]) -> int:
     log.info("worker %s ready: model %s version %s", spec["worker_id"], spec["model_name"],
              spec["version"])
     max_response_size = spec.get("max_response_size", 6553500)
+    attach_stream(context, sock, max_response_size)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     shipped = time.monotonic()

@@ -15,6 +15,7 @@ from typing import Any
 import gevent
 import zmq.green as zmq
 from gevent.event import AsyncResult, Event
+from gevent.queue import Empty, Queue
 from gevent.socket import wait_read
 
 from mservd import protocol
@@ -34,13 +35,18 @@ PATIENCE = 0.05
 
 
 class Reply:
-    __slots__ = ("status", "content_type", "headers", "body")
+    """An answer. A streamed one has ``stream``: the bodies of the later parts, final one last;
+    ``status``, ``content_type`` and ``headers`` are then those of the first part."""
 
-    def __init__(self, status: int, content_type: str, headers: dict[str, str], body: bytes):
+    __slots__ = ("status", "content_type", "headers", "body", "stream")
+
+    def __init__(self, status: int, content_type: str, headers: dict[str, str], body: bytes,
+                 stream: Any = None):
         self.status = status
         self.content_type = content_type
         self.headers = headers
         self.body = body
+        self.stream = stream
 
 
 class Bridge:
@@ -76,14 +82,30 @@ class Bridge:
                 continue  # the client gave up; the answer has nowhere to go
             if frames[0] == protocol.REPLY:
                 del self._waiting[frames[1]]
-                waiter.set(frames)
+                if type(waiter) is AsyncResult:
+                    waiter.set(frames)
+                else:
+                    waiter.put(frames)  # the end of a streamed answer
+            elif type(waiter) is AsyncResult:  # the first streamed part: switch to a queue
+                parts = Queue()
+                parts.put(frames)
+                self._waiting[frames[1]] = parts
+                waiter.set(parts)
+            else:
+                waiter.put(frames)
 
     def call(self, rid: bytes, frames: list[bytes], timeout: float,
-             client: socket.socket | None = None) -> Reply:
-        """Send a request and wait for its answer; with ``client``, give up if it goes away."""
+             client: socket.socket | None = None, stream: bool = False) -> Reply:
+        """Send a request and wait for its answer; with ``client``, give up if it goes away.
+
+        A handler may stream: with ``stream`` the reply carries the later parts as an iterator
+        (see :meth:`_parts`); without, the intermediate parts are dropped and the final answer
+        is returned.
+        """
         sock = self._socket()
         waiter = AsyncResult()
         self._waiting[rid] = waiter
+        streaming = False
         try:
             sock.send_multipart(frames)
             try:
@@ -92,12 +114,44 @@ class Bridge:
                 if client is None:
                     raise
                 got = self._wait_watching(rid, waiter, client, timeout - PATIENCE)
-        except gevent.Timeout:
+            if type(got) is Queue:
+                if stream:
+                    first = got.get()
+                    streaming = True
+                    status, content_type, headers = protocol.unpack_reply(first[2])
+                    return Reply(status, content_type, headers, first[3],
+                                 self._parts(rid, got, first, timeout))
+                got = self._last_part(got, timeout)
+        except (gevent.Timeout, Empty):
             raise ControllerGone(f"No answer from the controller within {timeout:.0f} s.") from None
         finally:
-            self._waiting.pop(rid, None)
+            if not streaming:
+                self._waiting.pop(rid, None)
         status, content_type, headers = protocol.unpack_reply(got[2])
         return Reply(status, content_type, headers, got[3])
+
+    @staticmethod
+    def _last_part(parts: Queue, timeout: float) -> list[bytes]:
+        while True:
+            got = parts.get(timeout=timeout)
+            if got[0] == protocol.REPLY:
+                return got
+
+    def _parts(self, rid: bytes, parts: Queue, first: list[bytes], timeout: float):
+        """The bodies of a streamed answer after the first; ends with the final answer's."""
+        try:
+            if first[0] == protocol.REPLY:
+                return
+            while True:
+                try:
+                    got = parts.get(timeout=timeout)
+                except Empty:
+                    return  # the worker went quiet: the stream just ends
+                yield got[3]
+                if got[0] == protocol.REPLY:
+                    return
+        finally:
+            self._waiting.pop(rid, None)
 
     def _wait_watching(self, rid: bytes, waiter: AsyncResult, client: socket.socket,
                        timeout: float) -> list[bytes]:

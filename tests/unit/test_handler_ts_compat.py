@@ -48,3 +48,18 @@ def test_ts_compat_torchserve_handler_imports_resolve_to_ours(tmp_path: Path) ->
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_ts_metrics_dimension_resolves_and_records() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "from handlers.ts_compat import install_ts_aliases; install_ts_aliases()\n"
+        "from ts.metrics.dimension import Dimension\n"
+        "from handlers.metrics import MetricsRecorder\n"
+        "m = MetricsRecorder('m'); m.add_counter('C', 2, dimensions=[Dimension('Level', 'Model')])\n"
+        "[s] = m.drain(); print(s.dimensions['Level'], s.value)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "Model 2.0"

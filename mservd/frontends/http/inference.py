@@ -90,11 +90,13 @@ class InferenceApp:
             route, protocol.pack_meta(inputs, headers, parts[1] == "explanations"), payloads)
         try:
             reply = self.bridge.call(rid, frames, self.reply_timeout,
-                                     client=environ.get("gunicorn.socket"))
+                                     client=environ.get("gunicorn.socket"), stream=True)
         except ClientGone:
             log.info("client went away before request %s was answered", rid_text)
             start_response(status_line(499), [("Content-Length", "0")])
             return [b""]
+        if reply.stream is not None:
+            return self.respond_streamed(start_response, reply, rid_text)
         out = [("Content-Type", reply.content_type), ("Content-Length", str(len(reply.body))),
                ("x-request-id", rid_text)]
         if reply.headers:
@@ -103,6 +105,27 @@ class InferenceApp:
             out.append(("WWW-Authenticate", "Bearer"))
         start_response(status_line(reply.status), out)
         return [reply.body]
+
+    @staticmethod
+    def respond_streamed(start_response: Callable, reply, rid_text: str):
+        """A streamed answer, as TorchServe sends it: ``Transfer-Encoding: chunked``, one HTTP
+        chunk per intermediate response, the final answer last. Status and headers are the
+        first part's."""
+        # no Content-Length: gunicorn frames the body as chunks (HTTP/1.1) and writes each
+        # part as it is yielded
+        out = [("Content-Type", reply.content_type), ("x-request-id", rid_text)]
+        if reply.headers:
+            out.extend(reply.headers.items())
+        start_response(status_line(reply.status), out)
+
+        def parts():
+            if reply.body:
+                yield reply.body
+            for body in reply.stream:
+                if body:  # an empty chunk would end the chunked body early
+                    yield body
+
+        return parts()
 
     def read_body(self, environ: dict[str, Any]) -> bytes:
         limit = self.max_request_size

@@ -1,0 +1,384 @@
+"""TorchServe drop-in: archives from the real ``torch-model-archiver`` around handlers written the
+way TorchServe users write them (``ts.*`` imports) serve through mservd, and a TorchServe
+``config.properties`` with a ``models=`` block starts mservd through the ``torchserve`` entry.
+
+Two daemons for the module: one started like the other integration tests, loading every archive
+(each in a different archive format), and one started with ``torchserve --start`` from a
+TorchServe config with ``install_py_dep_per_model=true``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from conftest import REPO, Daemon
+
+ARCHIVER = REPO / ".venv" / "bin" / "torch-model-archiver"
+if not ARCHIVER.exists():
+    ARCHIVER = Path(sys.executable).with_name("torch-model-archiver")
+
+pytestmark = pytest.mark.skipif(not ARCHIVER.exists(),
+                                reason="TorchServe's torch-model-archiver is not installed")
+
+# --- handlers, as a TorchServe user writes them -------------------------------------------------
+
+CLASS_HANDLER = '''
+import json
+
+import torch
+from ts.metrics.metric_type_enum import MetricTypes
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class Doubler(BaseHandler):
+    """A TorchScript model (x @ 2I) behind BaseHandler, recording its own metrics."""
+
+    def preprocess(self, data):
+        rows = []
+        for row in data:
+            body = row.get("data") or row.get("body")
+            if isinstance(body, (bytes, bytearray)):
+                body = json.loads(body)
+            rows.append(body["x"])
+        return torch.tensor(rows, dtype=torch.float32)
+
+    def postprocess(self, data):
+        self.context.metrics.add_counter("DropinCalls", len(data))
+        self.context.metrics.add_metric("DropinBatch", len(data), "count", None, None,
+                                        MetricTypes.GAUGE)
+        return data.tolist()
+'''
+
+FUNCTION_HANDLER = '''
+from ts.utils.util import PredictionException
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    out = []
+    for row in data:
+        body = row.get("data") or row.get("body")
+        if isinstance(body, (bytes, bytearray)):
+            body = body.decode()
+        if "teapot" in str(body):
+            raise PredictionException("I am a teapot, not a model", 418)
+        out.append({"echo": body, "model": context.model_name})
+    return out
+'''
+
+STREAM_HANDLER = '''
+import time
+
+from ts.handler_utils.utils import send_intermediate_predict_response
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    for i in range(3):
+        send_intermediate_predict_response(
+            [f"part{i} " for _ in data], context.request_ids, "Intermediate Prediction success",
+            200, context)
+        time.sleep(0.4)
+    return ["final" for _ in data]
+'''
+
+DEPS_HANDLER = '''
+def handle(data, context):
+    if data is None:
+        return None
+    try:
+        import tinydep
+        value = tinydep.VALUE
+    except ImportError:
+        value = None
+    return [{"tinydep": value} for _ in data]
+'''
+
+TINY_CNN = '''
+import torch.nn as nn
+
+
+class TinyNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=4)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, 6)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.conv(x)).flatten(1))
+'''
+
+LABELS = {str(i): name for i, name in enumerate(["cat", "dog", "fox", "owl", "elk", "yak"])}
+
+
+def archive(work: Path, store: Path, name: str, handler: Path | str, fmt: str = "default",
+            **flags: str) -> None:
+    """Run the real torch-model-archiver (it stages in $TMPDIR/<model-name>)."""
+    tmp = work / "tmp"
+    tmp.mkdir(exist_ok=True)
+    cmd = [str(ARCHIVER), "--model-name", name, "--version", "1.0", "--handler", str(handler),
+           "--export-path", str(store), "--archive-format", fmt, "--force"]
+    for flag, value in flags.items():
+        cmd += [f"--{flag.replace('_', '-')}", str(value)]
+    done = subprocess.run(cmd, env={**os.environ, "TMPDIR": str(tmp)}, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def tiny_wheel(folder: Path) -> Path:
+    """A pure-Python wheel ``tinydep 0.1``, so installing needs no index."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tinydep-0.1-py3-none-any.whl"
+    info = "tinydep-0.1.dist-info"
+    files = {
+        "tinydep.py": 'VALUE = "installed-per-model"\n',
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: tinydep\nVersion: 0.1\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                         "Tag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{n},,\n" for n in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as whl:
+        for name, text in files.items():
+            whl.writestr(name, text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ts_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+
+    work = tmp_path_factory.mktemp("ts-src")
+    store = tmp_path_factory.mktemp("ts-store")
+
+    # a class handler over a TorchScript model, default format
+    (work / "doubler.py").write_text(CLASS_HANDLER)
+    linear = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(2 * torch.eye(2))
+    torch.jit.save(torch.jit.script(linear), str(work / "doubler.pt"))
+    archive(work, store, "cls", work / "doubler.py", serialized_file=work / "doubler.pt")
+
+    # a module-function handler, zip-store
+    (work / "handler.py").write_text(FUNCTION_HANDLER)
+    archive(work, store, "func", work / "handler.py", "zip-store")
+
+    # a streaming handler, tgz
+    (work / "stream").mkdir()
+    (work / "stream" / "stream_handler.py").write_text(STREAM_HANDLER)
+    archive(work, store, "stream", work / "stream" / "stream_handler.py", "tgz")
+
+    # the built-in image_classifier with an eager model file and state dict, no-archive
+    (work / "model.py").write_text(TINY_CNN)
+    scope: dict = {}
+    exec(TINY_CNN, scope)  # noqa: S102 - the model file written above
+    torch.manual_seed(0)
+    torch.save(scope["TinyNet"]().state_dict(), work / "tiny.pth")
+    (work / "index_to_name.json").write_text(json.dumps(LABELS))
+    archive(work, store, "imgcls", "image_classifier", "no-archive", model_file=work / "model.py",
+            serialized_file=work / "tiny.pth", extra_files=work / "index_to_name.json")
+
+    # a requirements file naming a local wheel: installed only with install_py_dep_per_model
+    wheels = tiny_wheel(work / "wheels").parent
+    (work / "requirements.txt").write_text(f"--no-index\n--find-links {wheels}\ntinydep==0.1\n")
+    (work / "deps").mkdir()
+    (work / "deps" / "deps_handler.py").write_text(DEPS_HANDLER)
+    archive(work, store, "deps", work / "deps" / "deps_handler.py",
+            requirements_file=work / "requirements.txt")
+
+    names = sorted(p.name for p in store.iterdir())
+    assert names == ["cls.mar", "deps.mar", "func.mar", "imgcls", "stream.tar.gz"], names
+    return store
+
+
+@pytest.fixture(scope="module")
+def ts_daemon(tmp_path_factory: pytest.TempPathFactory, ts_store: Path):
+    workdir = tmp_path_factory.mktemp("ts-daemon")
+    daemon = Daemon(workdir, ts_store, {"load_models": "all", "default_workers_per_model": 1})
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+def test_every_archive_format_registers(ts_daemon: Daemon) -> None:
+    listing = ts_daemon.manage("GET", "/models").json()
+    assert sorted(m["modelName"] for m in listing["models"]) == [
+        "cls", "deps", "func", "imgcls", "stream"], ts_daemon.logs()
+    for name in ("cls", "deps", "func", "imgcls", "stream"):
+        [mv] = ts_daemon.describe(name)
+        assert len(mv["workers"]) == 1 and mv["workers"][0]["status"] == "READY", mv
+
+
+def test_class_handler_extending_ts_base_handler(ts_daemon: Daemon) -> None:
+    answer = ts_daemon.predict("cls", json={"x": [1.5, -2.0]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == [3.0, -4.0]
+
+
+def test_module_function_handler(ts_daemon: Daemon) -> None:
+    answer = ts_daemon.predict("func", json={"say": "hi"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"echo": {"say": "hi"}, "model": "func"}
+    answer = ts_daemon.predict("func", data=b"plain bytes")
+    assert answer.json() == {"echo": "plain bytes", "model": "func"}
+
+
+def test_prediction_exception_code_reaches_the_client(ts_daemon: Daemon) -> None:
+    answer = ts_daemon.predict("func", json={"please": "teapot"})
+    assert answer.status_code == 418, answer.text
+    assert answer.json()["message"] == "I am a teapot, not a model"
+    assert answer.json()["code"] == 418
+    # the worker lives on
+    assert ts_daemon.predict("func", json={"say": "again"}).status_code == 200
+
+
+def test_builtin_image_classifier_with_eager_model_file(ts_daemon: Daemon) -> None:
+    from PIL import Image
+
+    image = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 90)).save(image, format="PNG")
+    answer = ts_daemon.predict("imgcls", data=image.getvalue())
+    assert answer.status_code == 200, answer.text
+    top = answer.json()
+    assert isinstance(top, dict) and len(top) == 5, top
+    assert set(top) <= set(LABELS.values())
+    probs = list(top.values())
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 1e-6
+
+
+def test_streaming_handler_answers_in_chunks(ts_daemon: Daemon) -> None:
+    started = time.monotonic()
+    answer = ts_daemon.predict("stream", data=b"go", stream=True)
+    assert answer.status_code == 200
+    assert answer.headers.get("Transfer-Encoding") == "chunked", answer.headers
+    assert "Content-Length" not in answer.headers
+    assert answer.headers["x-request-id"]
+    parts = []
+    first_at = None
+    for chunk in answer.iter_content(None):
+        if first_at is None:
+            first_at = time.monotonic() - started
+        parts.append(chunk)
+    total = time.monotonic() - started
+    assert b"".join(parts) == b"part0 part1 part2 final"
+    # the first part arrived before the handler finished (it sleeps 1.2 s in all)
+    assert first_at is not None and first_at < total - 0.6, (first_at, total)
+    assert len(parts) >= 2
+    # a plain client reads the whole streamed answer too
+    whole = ts_daemon.predict("stream", data=b"go")
+    assert whole.text == "part0 part1 part2 final"
+
+
+def test_streaming_requests_are_independent(ts_daemon: Daemon) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(_):
+        return requests.post(ts_daemon.url("inference", "/predictions/stream"), data=b"x",
+                             headers={"Authorization": f"Bearer {ts_daemon.key('inference')}"},
+                             timeout=60).text
+
+    with ThreadPoolExecutor(3) as pool:
+        assert list(pool.map(one, range(3))) == ["part0 part1 part2 final"] * 3
+
+
+def test_custom_handler_metrics_reach_prometheus(ts_daemon: Daemon) -> None:
+    for i in range(3):
+        assert ts_daemon.predict("cls", json={"x": [i, i]}).status_code == 200
+    deadline = time.monotonic() + 10
+    text = ""
+    while time.monotonic() < deadline:
+        text = requests.get(ts_daemon.url("metrics", "/metrics"), timeout=10).text
+        if "DropinCalls" in text and "DropinBatch" in text:
+            break
+        time.sleep(0.3)
+    calls = [l for l in text.splitlines() if l.startswith("DropinCalls") and 'ModelName="cls"' in l]
+    assert calls, text[-3000:]
+    assert any(float(l.rsplit(" ", 1)[1]) >= 3 for l in calls), calls
+    assert any(l.startswith("DropinBatch") for l in text.splitlines())
+
+
+def test_requirements_not_installed_without_install_py_dep_per_model(ts_daemon: Daemon) -> None:
+    answer = ts_daemon.predict("deps", data=b"?")
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"tinydep": None}
+
+
+# --- torchserve --start with a TorchServe config.properties -------------------------------------
+
+def _torchserve(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mservd.torchserve_cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, check=False)
+
+
+def test_torchserve_entry_starts_models_block_config(tmp_path_factory, ts_store: Path) -> None:
+    cwd = tmp_path_factory.mktemp("ts-entry")
+    models = {
+        "func": {"1.0": {"defaultVersion": True, "marName": "func.mar", "minWorkers": 1,
+                         "maxWorkers": 2, "batchSize": 4, "maxBatchDelay": 50,
+                         "responseTimeout": 60}},
+        "deps": {"1.0": {"defaultVersion": True, "marName": "deps.mar", "minWorkers": 1,
+                         "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 100}},
+    }
+    block = json.dumps(models, indent=2).replace("\n", "\\\n")
+    (cwd / "config.properties").write_text(textwrap.dedent("""\
+        inference_address=http://127.0.0.1:0
+        management_address=http://127.0.0.1:0
+        metrics_address=http://127.0.0.1:0
+        grpc_inference_port=0
+        grpc_management_port=0
+        number_of_netty_threads=4
+        job_queue_size=10
+        frontend_workers=1
+        install_py_dep_per_model=true
+        """) + f"models={block}\n")
+
+    stopped = _torchserve(cwd, "--stop")
+    assert stopped.returncode == 0 and "not currently running" in stopped.stdout
+
+    started = _torchserve(cwd, "--start", "--ts-config", "config.properties", "--model-store",
+                          str(ts_store), "--disable-token-auth", "--ncs",
+                          "--log-config", "log4j2.xml")
+    state_file = cwd / "logs" / "mservd.state.json"
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert "ignores --log-config" in started.stderr
+        state = json.loads(state_file.read_text())
+        inference, management = state["addresses"]["inference"], state["addresses"]["management"]
+
+        [func] = requests.get(f"{management}/models/func", timeout=30).json()
+        assert (func["minWorkers"], func["maxWorkers"], func["batchSize"],
+                func["maxBatchDelay"]) == (1, 2, 4, 50), func
+        assert func["workers"] and func["workers"][0]["status"] == "READY"
+        [deps] = requests.get(f"{management}/models/deps", timeout=30).json()
+        assert (deps["batchSize"], deps["maxBatchDelay"]) == (1, 100)
+
+        answer = requests.post(f"{inference}/predictions/func", json={"a": 1}, timeout=30)
+        assert answer.json() == {"echo": {"a": 1}, "model": "func"}
+        answer = requests.post(f"{inference}/predictions/deps", data=b"?", timeout=30)
+        assert answer.json() == {"tinydep": "installed-per-model"}, answer.text
+    finally:
+        pid = json.loads(state_file.read_text())["pid"] if state_file.exists() else None
+        stopped = _torchserve(cwd, "--stop", timeout=120)
+        if pid is not None and psutil.pid_exists(pid):
+            try:
+                psutil.Process(pid).kill()  # our own daemon, if --stop failed
+            except psutil.NoSuchProcess:
+                pass
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "stopped" in stopped.stdout + stopped.stderr
+    assert pid is not None
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
