@@ -29,6 +29,17 @@ def error_body(status: int, type_: str, message: str) -> bytes:
     return json.dumps({"code": status, "type": type_, "message": message}).encode()
 
 
+def error_message(body: bytes) -> str:
+    """The message of an error answer: ``{"message": ...}``, v2's ``{"error": ...}``, or text."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")
+    if isinstance(doc, dict):
+        return str(doc.get("message") or doc.get("error") or doc)
+    return str(doc)
+
+
 class BadRequest(MservdError):
     http_status = 400
     type = "BadRequestException"

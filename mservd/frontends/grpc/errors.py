@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import grpc
 
 _CODES = {
@@ -27,14 +25,3 @@ def status_code(http_status: int) -> grpc.StatusCode:
         return code
     return grpc.StatusCode.INVALID_ARGUMENT if 400 <= http_status < 500 \
         else grpc.StatusCode.INTERNAL
-
-
-def error_message(body: bytes) -> str:
-    """The message of an error body: ``{"message": ...}`` or v2's ``{"error": ...}``."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace")
-    if isinstance(doc, dict):
-        return str(doc.get("message") or doc.get("error") or doc)
-    return str(doc)

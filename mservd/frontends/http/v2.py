@@ -23,7 +23,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mservd import __version__, protocol
-from mservd.errors import BadRequest, MethodNotAllowed, MservdError, ResourceNotFound
+from mservd.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    MservdError,
+    ResourceNotFound,
+    error_message,
+)
 from mservd.frontends.bridge import ControllerGone, Reply, bearer_token
 from mservd.frontends.http.responses import respond
 from mservd.v2.handling import HEADER_LENGTH
@@ -136,18 +142,11 @@ def _relay(start_response: Callable, reply: Reply,
     """The controller's or worker's answer as it is, errors rewritten to ``{"error": ...}``."""
     headers = list((reply.headers or {}).items()) + (extra or [])
     if reply.status >= 400:
-        return error(start_response, reply.status, _message(reply.body), dict(headers))
+        return error(start_response, reply.status, error_message(reply.body), dict(headers))
     return respond(start_response, reply.status, reply.body, reply.content_type, headers)
 
 
-def _message(body: bytes) -> str:
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace")
-    if isinstance(doc, dict):
-        return str(doc.get("error") or doc.get("message") or doc)
-    return str(doc)
+
 
 
 def error(start_response: Callable, status: int, message: str,
