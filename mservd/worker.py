@@ -22,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from mservd import protocol
+from mservd import kserve_v1, protocol
 from mservd.errors import error_body
 from mservd.lifeline import die_with_parent, parent_changed
 from mservd.payload import decode_input, encode_output
@@ -181,40 +181,41 @@ def attach_stream(context, sock, max_response_size: int) -> None:
 
 
 def run_batch(handler, context, frames: list[bytes], max_response_size: int) -> list[bytes]:
-    """Run one BATCH message through the handler; the DONE message's frames, one answer each."""
-    all_requests = protocol.parse_batch(frames)
-    data = []
-    requests = []  # the batch less v2 requests whose body did not decode (answered at once)
-    v2_calls: list[Any] = []  # per request of ``requests``: its V2Call, or None
+    """Run one BATCH message through the handler; the DONE message's frames, one answer each.
+
+    A request is normally one row of the handler's batch; a KServe V1 request is one row per
+    instance. A request whose body cannot be decoded is answered at once and left out.
+    """
     out = [protocol.DONE]
-    for req in all_requests:
-        row = {}
-        call = None
-        if len(req.inputs) == 1 and req.inputs[0][1].startswith(v2.CONTENT_TYPE):
-            try:
-                row, call = v2.decode_row(req.inputs[0][1], req.payloads[0], _v2_meta(context))
-            except V2Error as exc:
-                out += [req.rid, protocol.pack_reply(400, "application/json"),
-                        v2.error_answer(str(exc))]
-                continue
-        else:
-            for (name, content_type), payload in zip(req.inputs, req.payloads):
-                row[name] = decode_input(content_type, payload)
+    requests = []  # the requests that reach the handler
+    spans: list[tuple[int, int, bool]] = []  # per request: first row, row count, is V1
+    data: list[dict[str, Any]] = []
+    v2_calls: list[Any] = []  # per row: its V2Call, or None
+    row_ids: list[str] = []
+    row_headers: list[dict[str, str]] = []
+    for req in protocol.parse_batch(frames):
+        rows, calls, is_v1 = _decode_request(req, context)
+        if rows is None:
+            out += [req.rid, *calls]  # the 400 answer
+            continue
         requests.append(req)
-        v2_calls.append(call)
-        data.append(row)
+        spans.append((len(data), len(rows), is_v1))
+        data.extend(rows)
+        v2_calls.extend(calls)
+        row_ids.extend([req.rid.decode()] * len(rows))
+        row_headers.extend([req.headers] * len(rows))
     if not requests:
         return out
     context.v2_requests = v2_calls  # read by handlers.v2.v2_inputs
     ids = [r.rid.decode() for r in requests]
-    context.begin_batch(ids, [r.headers for r in requests])
+    context.begin_batch(row_ids, row_headers)
     _tag_output(",".join(ids))
     try:
         outputs = handler.handle(data, context)
-        if not isinstance(outputs, (list, tuple)) or len(outputs) != len(requests):
+        if not isinstance(outputs, (list, tuple)) or len(outputs) != len(data):
             got = len(outputs) if isinstance(outputs, (list, tuple)) else type(outputs).__name__
             raise BatchShapeError(
-                f"Handler returned {got} outputs for a batch of {len(requests)} requests; "
+                f"Handler returned {got} outputs for a batch of {len(data)} requests; "
                 "handle() must return a list with one item per request."
             )
     except Exception as exc:  # the handler's failure fails this batch only
@@ -227,12 +228,57 @@ def run_batch(handler, context, frames: list[bytes], max_response_size: int) -> 
             out += [req.rid, reply, body]
         return out
 
-    for idx, (req, item) in enumerate(zip(requests, outputs)):
-        if v2_calls[idx] is not None:
-            out += [req.rid, *_encode_v2_answer(context, v2_calls[idx], item, max_response_size)]
-            continue
-        out += [req.rid, *_encode_answer(context, idx, item, max_response_size)]
+    for req, (first, count, is_v1) in zip(requests, spans):
+        if is_v1:
+            out += [req.rid, *_encode_v1_answer(outputs[first:first + count], max_response_size)]
+        elif v2_calls[first] is not None:
+            out += [req.rid, *_encode_v2_answer(context, v2_calls[first], outputs[first],
+                                                max_response_size)]
+        else:
+            out += [req.rid, *_encode_answer(context, first, outputs[first], max_response_size)]
     return out
+
+
+def _decode_request(req, context) -> tuple[list[dict[str, Any]] | None, list[Any], bool]:
+    """The handler rows of one request and their v2 calls, or (None, 400 answer frames)."""
+    content_type = req.inputs[0][1] if len(req.inputs) == 1 else ""
+    if content_type.startswith(v2.CONTENT_TYPE):
+        try:
+            row, call = v2.decode_row(content_type, req.payloads[0], _v2_meta(context))
+        except V2Error as exc:
+            return None, [protocol.pack_reply(400, "application/json"),
+                          v2.error_answer(str(exc))], False
+        return [row], [call], False
+    if content_type == kserve_v1.CONTENT_TYPE:
+        try:
+            rows = kserve_v1.decode_rows(req.payloads[0])
+        except kserve_v1.V1Error as exc:
+            return None, [protocol.pack_reply(400, "application/json"),
+                          kserve_v1.error_answer(str(exc))], True
+        return rows, [None] * len(rows), True
+    row = {}
+    for (name, input_type), payload in zip(req.inputs, req.payloads):
+        row[name] = decode_input(input_type, payload)
+    return [row], [None], False
+
+
+def _encode_v1_answer(items: list[Any], max_response_size: int) -> list[bytes]:
+    """A KServe V1 answer: the instances' predictions, or the first instance's error."""
+    from handlers.errors import RequestError
+
+    for item in items:
+        if isinstance(item, RequestError):
+            return [protocol.pack_reply(item.status, "application/json"),
+                    kserve_v1.error_answer(item.message)]
+    try:
+        body = kserve_v1.encode_predictions(items)
+    except (TypeError, ValueError) as exc:
+        return [protocol.pack_reply(500, "application/json"),
+                kserve_v1.error_answer(f"The predictions cannot be encoded: {exc}")]
+    if len(body) > max_response_size:
+        return [protocol.pack_reply(500, "application/json"), kserve_v1.error_answer(
+            f"Response of {len(body)} bytes exceeds max_response_size ({max_response_size}).")]
+    return [protocol.pack_reply(200, "application/json"), body]
 
 
 def _tag_output(requests: str) -> None:

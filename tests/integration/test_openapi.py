@@ -31,6 +31,8 @@ INFERENCE_ROUTES = {
     ("options", "/"), ("get", "/api-description"), ("get", "/ping"),
     *((m, f"/{kind}/{{model_name}}{v}") for m in ("post", "put")
       for kind in ("predictions", "explanations") for v in ("", "/{model_version}")),
+    ("get", "/v1/models"), ("get", "/v1/models/{model_name}"),
+    ("post", "/v1/models/{model_name}:predict"),
 }
 V2_ROUTES = {
     ("get", "/v2"), ("get", "/v2/health/live"), ("get", "/v2/health/ready"),

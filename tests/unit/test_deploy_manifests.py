@@ -144,7 +144,7 @@ def test_schema_check_is_real() -> None:
 def test_runtime_declares_format_protocols_annotations_and_resources() -> None:
     spec = runtime()["spec"]
     assert {"name": "pytorch", "version": "1"}.items() <= spec["supportedModelFormats"][0].items()
-    assert set(spec["protocolVersions"]) == {"v2", "grpc-v2"}
+    assert set(spec["protocolVersions"]) == {"v1", "v2", "grpc-v2"}
     settings = example_settings()
     assert spec["annotations"]["prometheus.kserve.io/path"] == "/metrics"
     assert int(spec["annotations"]["prometheus.kserve.io/port"]) == port_of(

@@ -46,6 +46,10 @@ class InferenceApp:
                 if method not in ("POST", "PUT"):
                     raise MethodNotAllowed(f"Method {method} is not allowed on {path}; use POST.")
                 return self.predict(environ, start_response, path)
+            if path.startswith("/v1/models"):
+                from mservd.frontends.http import kserve_v1  # KServe's V1 protocol
+
+                return kserve_v1.handle(self, environ, start_response, path)
             if path == "/v2" or path.startswith("/v2/"):
                 from mservd.frontends.http import v2  # Open Inference Protocol v2 (docs/v2.md)
 

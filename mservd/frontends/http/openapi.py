@@ -359,6 +359,43 @@ _V2_SCHEMAS: dict[str, Any] = {
 }
 
 
+def _kserve_v1_paths() -> dict[str, Any]:
+    """KServe's V1 routes of ``mservd/frontends/http/kserve_v1.py``."""
+    name = [_path("model_name", "The model's name.")]
+    ready = {"type": "object", "required": ["name", "ready"],
+             "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}}
+    return {
+        "/v1/models": {"get": {
+            "operationId": "v1ListModels", "summary": "The registered models' names.",
+            "responses": {"200": _json("Names.", {
+                "type": "object", "required": ["models"],
+                "properties": {"models": {"type": "array", "items": {"type": "string"}}}}),
+                **_errors(400, 401, 405, 503, schema=_V2_ERROR)},
+        }},
+        "/v1/models/{model_name}": {"get": {
+            "operationId": "v1ModelReady",
+            "summary": "Whether the model's default version has a live worker (503 if not).",
+            "parameters": name,
+            "responses": {"200": _json("Ready.", ready),
+                          "503": _json("Not ready, or the daemon does not answer.", {
+                              "oneOf": [ready, _V2_ERROR]}),
+                          **_errors(400, 401, 404, 405, schema=_V2_ERROR)},
+        }},
+        "/v1/models/{model_name}:predict": {"post": {
+            "operationId": "v1Predict",
+            "summary": "One prediction per instance, each instance a row of the batch.",
+            "parameters": name,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["instances"],
+                "properties": {"instances": {"type": "array", "minItems": 1}}}}}},
+            "responses": {"200": _json("The predictions, in instance order.", {
+                "type": "object", "required": ["predictions"],
+                "properties": {"predictions": {"type": "array"}}}),
+                **_errors(400, 401, 404, 405, 413, 500, 503, 504, 507, schema=_V2_ERROR)},
+        }},
+    }
+
+
 def has_v2() -> bool:
     """Whether the Open Inference Protocol v2 REST routes are installed."""
     return importlib.util.find_spec("mservd.frontends.http.v2") is not None
@@ -371,7 +408,9 @@ def inference_api() -> dict[str, Any]:
         "type": "object", "required": ["status"],
         "properties": {"status": {"type": "string", "enum": ["Healthy", "Unhealthy"]}}}}
     description = ("TorchServe's inference API: predictions and explanations from the "
-                   "registered models, and health. Errors are {code, type, message}.")
+                   "registered models, and health. Errors are {code, type, message}; KServe's "
+                   "V1 routes (/v1/models...) answer errors as {error}.")
+    paths.update(_kserve_v1_paths())
     if has_v2():
         paths.update(_v2_paths())
         schemas.update(_V2_SCHEMAS)

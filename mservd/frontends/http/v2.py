@@ -65,33 +65,33 @@ def _route(app: InferenceApp, environ: dict[str, Any], start_response: Callable,
            method: str) -> list[bytes]:
     parts = path.split("/")[1:]  # ["v2", ...]
     if parts == ["v2"]:
-        _need(method, "GET", path)
-        return _json(start_response, 200, server_metadata())
+        need_method(method, "GET", path)
+        return json_answer(start_response, 200, server_metadata())
     if parts == ["v2", "health", "live"]:
-        _need(method, "GET", path)
+        need_method(method, "GET", path)
         app.bridge.manage("ping", {}, None, 10.0)  # any answer: the controller is alive
-        return _json(start_response, 200, {"live": True})
+        return json_answer(start_response, 200, {"live": True})
     if parts == ["v2", "health", "ready"]:
-        _need(method, "GET", path)
+        need_method(method, "GET", path)
         ready = app.bridge.manage("ping", {}, None, 10.0).status == 200
-        return _json(start_response, 200 if ready else 503, {"ready": ready})
+        return json_answer(start_response, 200 if ready else 503, {"ready": ready})
     if len(parts) >= 3 and parts[1] == "models" and parts[2]:
         model, version, rest = _model_path(parts, path)
         token = bearer_token(environ) if app.auth else None
         if rest is None:
-            _need(method, "GET", path)
-            return _relay(start_response, app.bridge.manage(
+            need_method(method, "GET", path)
+            return relay(start_response, app.bridge.manage(
                 "v2_model_metadata", {"model": model, "version": version}, token, 10.0,
                 api=protocol.API_INFERENCE))
         if rest == "ready":
-            _need(method, "GET", path)
+            need_method(method, "GET", path)
             reply = app.bridge.manage("v2_model_ready", {"model": model, "version": version},
                                       token, 10.0, api=protocol.API_INFERENCE)
             if reply.status == 200 and not json.loads(reply.body).get("ready"):
-                return _json(start_response, 503, json.loads(reply.body))
-            return _relay(start_response, reply)
+                return json_answer(start_response, 503, json.loads(reply.body))
+            return relay(start_response, reply)
         if rest == "infer":
-            _need(method, "POST", path)
+            need_method(method, "POST", path)
             return infer(app, environ, start_response, model, version, token)
     raise ResourceNotFound(f"Requested resource is not found: {method} {path}. The v2 routes "
                            "are /v2, /v2/health/{live,ready} and "
@@ -134,19 +134,16 @@ def infer(app: InferenceApp, environ: dict[str, Any], start_response: Callable, 
     frames = protocol.predict_frames(
         route, protocol.pack_meta([("v2", v2_content_type(length))], headers, False), [body])
     reply = app.bridge.call(rid, frames, app.reply_timeout)
-    return _relay(start_response, reply, [("x-request-id", rid_text)])
+    return relay(start_response, reply, [("x-request-id", rid_text)])
 
 
-def _relay(start_response: Callable, reply: Reply,
+def relay(start_response: Callable, reply: Reply,
            extra: list[tuple[str, str]] | None = None) -> list[bytes]:
     """The controller's or worker's answer as it is, errors rewritten to ``{"error": ...}``."""
     headers = list((reply.headers or {}).items()) + (extra or [])
     if reply.status >= 400:
         return error(start_response, reply.status, error_message(reply.body), dict(headers))
     return respond(start_response, reply.status, reply.body, reply.content_type, headers)
-
-
-
 
 
 def error(start_response: Callable, status: int, message: str,
@@ -158,10 +155,10 @@ def error(start_response: Callable, status: int, message: str,
     return respond(start_response, status, json.dumps({"error": message}).encode(), JSON, out)
 
 
-def _json(start_response: Callable, status: int, doc: Any) -> list[bytes]:
+def json_answer(start_response: Callable, status: int, doc: Any) -> list[bytes]:
     return respond(start_response, status, json.dumps(doc).encode(), JSON)
 
 
-def _need(method: str, wanted: str, path: str) -> None:
+def need_method(method: str, wanted: str, path: str) -> None:
     if method != wanted:
         raise MethodNotAllowed(f"Method {method} is not allowed on {path}; use {wanted}.")

@@ -1,0 +1,47 @@
+"""KServe's V1 protocol in the worker: ``{"instances": [...]}`` in, ``{"predictions": [...]}`` out.
+
+As in TorchServe's KServe envelope, each instance becomes one row of the handler's batch, so
+a handler written for ``/predictions`` answers V1 unchanged; the instances' answers are joined
+back into one ``predictions`` list per request. The frontend forwards the body untouched with
+:data:`CONTENT_TYPE`; decoding happens here, in the worker.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+CONTENT_TYPE = "application/vnd.mservd.kserve-v1+json"
+
+
+class V1Error(ValueError):
+    """A V1 body that cannot be read; the request alone is answered 400."""
+
+
+def decode_rows(payload: bytes) -> list[dict[str, Any]]:
+    """One handler row per instance: ``{"body": instance, "data": instance}``."""
+    try:
+        doc = json.loads(payload)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise V1Error(f"The body is not JSON: {exc}") from None
+    instances = doc.get("instances", doc.get("inputs")) if isinstance(doc, dict) else None
+    if not isinstance(instances, list) or not instances:
+        raise V1Error('The body must be {"instances": [...]} with at least one instance.')
+    return [{"body": instance, "data": instance} for instance in instances]
+
+
+def encode_predictions(items: list[Any]) -> bytes:
+    from mservd.payload import encode_output
+
+    predictions = []
+    for item in items:
+        if isinstance(item, (bytes, bytearray)):
+            item = bytes(item).decode("utf-8", "replace")
+        elif not isinstance(item, str):
+            item = json.loads(encode_output(item)[0])
+        predictions.append(item)
+    return json.dumps({"predictions": predictions}).encode()
+
+
+def error_answer(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
