@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mservd import kserve_v1, protocol
-from mservd.errors import MservdError, ResourceNotFound
-from mservd.frontends.bridge import ControllerGone, bearer_token
-from mservd.frontends.http.v2 import error, json_answer, need_method, relay
+from mservd.errors import ResourceNotFound
+from mservd.frontends.bridge import bearer_token
+from mservd.frontends.http.v2 import answer_errors, json_answer, need_method, relay
 
 if TYPE_CHECKING:
     from mservd.frontends.http.inference import InferenceApp
@@ -26,13 +26,8 @@ if TYPE_CHECKING:
 
 def handle(app: InferenceApp, environ: dict[str, Any], start_response: Callable,
            path: str) -> list[bytes]:
-    method = environ["REQUEST_METHOD"]
-    try:
-        return _route(app, environ, start_response, path.rstrip("/"), method)
-    except MservdError as exc:
-        return error(start_response, exc.http_status, exc.message, exc.headers)
-    except ControllerGone as exc:
-        return error(start_response, 503, str(exc))
+    """Answer one ``/v1/models`` request; every failure becomes ``{"error": ...}``."""
+    return answer_errors(_route, app, environ, start_response, path)
 
 
 def _route(app: InferenceApp, environ: dict[str, Any], start_response: Callable, path: str,

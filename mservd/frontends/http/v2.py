@@ -52,9 +52,15 @@ def server_metadata() -> dict[str, Any]:
 def handle(app: InferenceApp, environ: dict[str, Any], start_response: Callable,
            path: str) -> list[bytes]:
     """Answer one ``/v2`` request; every failure becomes ``{"error": ...}``."""
+    return answer_errors(_route, app, environ, start_response, path)
+
+
+def answer_errors(route: Callable, app: InferenceApp, environ: dict[str, Any],
+                  start_response: Callable, path: str) -> list[bytes]:
+    """Run a KServe-style ``route``; every failure it raises becomes ``{"error": ...}``."""
     method = environ["REQUEST_METHOD"]
     try:
-        return _route(app, environ, start_response, path.rstrip("/"), method)
+        return route(app, environ, start_response, path.rstrip("/"), method)
     except MservdError as exc:
         return error(start_response, exc.http_status, exc.message, exc.headers)
     except ControllerGone as exc:
