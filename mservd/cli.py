@@ -69,7 +69,11 @@ def _split_models(values: tuple[str, ...]) -> tuple[str, ...] | None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mservd")
 def cli() -> None:
-    """mservd: serve PyTorch models packaged as .mar archives over REST."""
+    """mservd: serve PyTorch models packaged as .mar archives over REST and gRPC.
+
+    config.properties keys and their defaults are listed in mservd/config.py and in the
+    repository's config.properties.
+    """
 
 
 @cli.command("start")
