@@ -12,11 +12,9 @@ Per request the controller reads only the route header and forwards payload fram
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,15 +24,16 @@ from mservd import protocol, snapshot
 from mservd.auth import INFERENCE, MANAGEMENT, KeyStore
 from mservd.config import Settings
 from mservd.errors import (
+    DeadlineExceeded,
     MservdError,
     NoWorker,
     QueueFull,
     WorkerDied,
-    DeadlineExceeded,
     error_body,
 )
 from mservd.metrics import Metrics
 from mservd.registry import ModelVersion, Registry
+from mservd.reply import Reply, Waiter
 from mservd.supervisor import Supervisor, Worker, WorkerState
 
 log = logging.getLogger(__name__)
@@ -56,38 +55,6 @@ class Pending:
         self.arrived = arrived
         self.deadline = deadline
         self.retried = False
-
-
-@dataclass
-class Reply:
-    status: int
-    body: Any
-    headers: dict[str, str] = field(default_factory=dict)
-    content_type: str = "application/json"
-
-    def encode(self) -> tuple[bytes, bytes]:
-        body = self.body
-        if isinstance(body, str):
-            data = body.encode()
-        elif isinstance(body, bytes):
-            data = body
-        else:
-            data = json.dumps(body, indent=2).encode()
-        return protocol.pack_reply(self.status, self.content_type, self.headers), data
-
-    @classmethod
-    def error(cls, exc: MservdError) -> Reply:
-        return cls(exc.http_status, exc.to_body(), dict(exc.headers))
-
-
-@dataclass
-class Waiter:
-    """A management answer that has to wait for workers; ``check`` returns it when ready."""
-
-    respond: Callable[[Reply], None]
-    check: Callable[[float], Reply | None]
-    deadline: float
-    on_timeout: Callable[[], Reply]
 
 
 class Controller:

@@ -148,7 +148,8 @@ class Daemon:
         self.warnings: list[str] = []
 
     def run(self, to_stderr: bool = True) -> int:
-        from mservd.controller import Controller, Reply
+        from mservd.controller import Controller
+        from mservd.reply import Reply
 
         settings = self.settings
         self.log_dir.mkdir(parents=True, exist_ok=True)

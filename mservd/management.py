@@ -32,13 +32,14 @@ from mservd.errors import (
     ResourceNotFound,
 )
 from mservd.registry import ModelVersion
+from mservd.reply import Reply, Waiter
 
 if TYPE_CHECKING:
-    from mservd.controller import Controller, Reply
+    from mservd.controller import Controller
 
 log = logging.getLogger(__name__)
 
-Respond = Callable[["Reply"], None]
+Respond = Callable[[Reply], None]
 
 DOWNLOAD_TIMEOUT = 60.0
 
@@ -89,8 +90,6 @@ class Management:
     # -- register -----------------------------------------------------------------------
 
     def op_register(self, args: dict[str, Any], respond: Respond, *, startup: bool = False):
-        from mservd.controller import Reply, Waiter
-
         url = args.get("url")
         if not url:
             raise BadRequest("Parameter url is required: the archive's file name in the model "
@@ -186,8 +185,6 @@ class Management:
         return None
 
     def _after(self, future: Future, respond: Respond, then: Callable[[Path], None]) -> None:
-        from mservd.controller import Reply
-
         try:
             path = future.result()
         except MservdError as exc:
@@ -199,8 +196,6 @@ class Management:
         then(path)
 
     def _failed_register(self, mv: ModelVersion):
-        from mservd.controller import Reply
-
         error = mv.load_error or "the workers exited while loading"
         message = f"Failed to start workers for model {mv.name} version: {mv.version}"
         if self.ctl.registry.has_version(mv.name, mv.version):
@@ -264,8 +259,6 @@ class Management:
     # -- scale, describe, list, unregister, default ---------------------------------------
 
     def op_scale(self, args: dict[str, Any], respond: Respond):
-        from mservd.controller import Reply, Waiter
-
         mv = self.ctl.registry.get(args["model"], args.get("version"))
         min_worker = _int(args, "min_worker", 1)
         max_worker = _int(args, "max_worker", max(min_worker, mv.max_workers))
@@ -307,8 +300,6 @@ class Management:
         return None
 
     def op_describe(self, args: dict[str, Any], respond: Respond):
-        from mservd.controller import Reply
-
         name, version = args["model"], args.get("version")
         registry = self.ctl.registry
         if version == "all":
@@ -359,8 +350,6 @@ class Management:
         return out
 
     def op_list(self, args: dict[str, Any], respond: Respond):
-        from mservd.controller import Reply
-
         limit = _int(args, "limit", 100)
         start = _int(args, "next_page_token", 0)
         if limit <= 0 or start < 0:
@@ -374,8 +363,6 @@ class Management:
         return Reply(200, body)
 
     def op_unregister(self, args: dict[str, Any], respond: Respond):
-        from mservd.controller import Reply
-
         name = args["model"]
         mv = self.ctl.registry.remove(name, args.get("version"))
         self.ctl.retire(mv)
@@ -384,8 +371,6 @@ class Management:
         return Reply(200, {"status": f'Model "{name}" unregistered'})
 
     def op_set_default(self, args: dict[str, Any], respond: Respond):
-        from mservd.controller import Reply
-
         name, version = args["model"], args["version"]
         self.ctl.registry.set_default(name, version)
         self.ctl.registry_changed()
@@ -393,15 +378,11 @@ class Management:
                                      f'to "{version}"'})
 
     def op_ping(self, args: dict[str, Any], respond: Respond):
-        from mservd.controller import Reply
-
         if self.ctl.healthy():
             return Reply(200, {"status": "Healthy"})
         return Reply(500, {"status": "Unhealthy"})
 
     def op_token(self, args: dict[str, Any], token: str | None):
-        from mservd.controller import Reply
-
         if self.ctl.keys is None:
             raise BadRequest("Token authorization is disabled; there are no keys to rotate.")
         kind = args.get("type") or ""
@@ -409,7 +390,6 @@ class Management:
         return Reply(200, {"type": kind, "key": key})
 
     def op_metrics(self, args: dict[str, Any], respond: Respond):
-        from mservd.controller import Reply
         from mservd.metrics import CONTENT_TYPE
 
         return Reply(200, self.ctl.metrics.render(self.ctl), content_type=CONTENT_TYPE)
@@ -418,15 +398,12 @@ class Management:
 
     def op_v2_model_ready(self, args: dict[str, Any], respond: Respond):
         """Whether a model version has a live worker; 404 when it is not registered."""
-        from mservd.controller import Reply
-
         mv = self.ctl.registry.get(args["model"], args.get("version") or None)
         return Reply(200, {"name": mv.name, "version": mv.version,
                            "ready": mv.live_count() > 0})
 
     def op_v2_model_metadata(self, args: dict[str, Any], respond: Respond):
         """Name, versions, platform and declared tensors (model-config.yaml ``v2:``)."""
-        from mservd.controller import Reply
         from mservd.v2.codec import V2Error
         from mservd.v2.metadata import from_model_yaml
 

@@ -12,9 +12,9 @@ from typing import Any
 import grpc
 
 from mservd import protocol
+from mservd.errors import error_message
 from mservd.frontends.bridge import ControllerGone, Reply
 from mservd.frontends.grpc.bridge import AsyncBridge
-from mservd.errors import error_message
 from mservd.frontends.grpc.errors import status_code
 from mservd.frontends.grpc.generated import (
     inference_pb2,

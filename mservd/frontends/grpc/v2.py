@@ -18,9 +18,9 @@ import grpc
 import numpy as np
 
 from mservd import __version__, protocol
+from mservd.errors import error_message
 from mservd.frontends.bridge import ControllerGone
 from mservd.frontends.grpc.bridge import AsyncBridge
-from mservd.errors import error_message
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2 as pb
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2_grpc as pb_grpc
 from mservd.frontends.grpc.torchserve import ask, bearer_token, forwarded_metadata

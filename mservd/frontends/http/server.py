@@ -18,13 +18,12 @@ from typing import Any, Callable
 from gunicorn.app.base import BaseApplication
 
 from mservd.errors import ResourceNotFound
-from mservd.lifeline import die_with_parent
 from mservd.frontends.bridge import Bridge
 from mservd.frontends.http.inference import InferenceApp
 from mservd.frontends.http.management import create_management_app
 from mservd.frontends.http.metrics import MetricsApp
 from mservd.frontends.http.responses import respond_error
-
+from mservd.lifeline import die_with_parent
 
 # One line per request: time, client, method and path, status, latency, request id.
 ACCESS_FORMATS = {
