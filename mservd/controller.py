@@ -417,10 +417,13 @@ class Controller:
     def finish_tasks(self) -> None:
         tasks, self.tasks = self.tasks, []
         for future, done in tasks:
-            if future.done():
-                done(future)  # may submit new tasks
-            else:
+            if not future.done():
                 self.tasks.append((future, done))
+                continue
+            try:
+                done(future)  # may submit new tasks
+            except Exception:  # a bug in a callback must not stop the loop
+                log.exception("a background task's callback failed")
 
     def wait_for(self, waiter: Waiter) -> None:
         self.waiters.append(waiter)

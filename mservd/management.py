@@ -102,13 +102,17 @@ class Management:
         ctl = self.ctl
 
         def after_fetch(path: Path) -> None:
+            # reading a .tar.gz's manifest decompresses it: off the loop, like unpacking
+            ctl.submit(archiver.read_manifest, lambda f: after_manifest(f, path), path)
+
+        def after_manifest(future: Future, path: Path) -> None:
             try:
-                manifest = archiver.read_manifest(path)
+                manifest = future.result()
                 name = args.get("model_name") or manifest.model_name
                 validate_model_name(name)
                 version = manifest.model_version
                 validate_version(version)
-            except (ArchiveError, ValueError) as exc:
+            except (ArchiveError, ValueError, OSError) as exc:
                 respond(Reply.error(BadRequest(str(exc))))
                 return
             key = (name, version)
