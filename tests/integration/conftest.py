@@ -96,12 +96,12 @@ class Daemon:
     def start(self) -> Daemon:
         state_file = self.log_dir / "mservd.state.json"
         state_file.unlink(missing_ok=True)  # left behind by a daemon that was killed
-        out = open(self.workdir / "daemon.out", "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mservd", "start", "--foreground", "--ts-config",
-             str(self.config), "--log-dir", str(self.log_dir), *self.args],
-            cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={k: v for k, v in os.environ.items() if k != "PORT"})
+        with open(self.workdir / "daemon.out", "ab") as out:  # the child keeps its own copy
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mservd", "start", "--foreground", "--ts-config",
+                 str(self.config), "--log-dir", str(self.log_dir), *self.args],
+                cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, env={k: v for k, v in os.environ.items() if k != "PORT"})
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if state_file.exists():
