@@ -63,6 +63,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
                   config={"batchSize": 8, "maxBatchDelay": 2000, "minWorkers": 1,
                           "maxWorkers": 1})
     write_archive(folder, "crash", "crash_on_init.py")
+    write_archive(folder, "diesoon", "dies_soon.py")
     return folder
 
 

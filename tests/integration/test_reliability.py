@@ -177,3 +177,32 @@ def test_sigkill_of_the_daemon_leaves_no_process_behind(daemon_factory) -> None:
     daemon.proc.wait()
     _, alive = psutil.wait_procs(children, timeout=40)
     assert alive == []
+
+
+def test_a_crash_looping_model_does_not_slow_the_others(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar"}, args=("--enable-model-api",))
+    answer = daemon.manage("POST", "/models", params={"url": "diesoon.mar",
+                                                      "synchronous": "false"})
+    assert answer.status_code == 202, answer.text
+    def restarts() -> float:
+        text = requests.get(daemon.url("metrics", "/metrics"), timeout=10).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("mservd_worker_restarts_total{")
+                   and 'model_name="diesoon"' in line)
+
+    slowest = 0.0
+    deadline = time.monotonic() + 90
+    while restarts() < 2 and time.monotonic() < deadline:  # two crash-and-restart rounds
+        answer = daemon.predict("echo", json={"during": "crash loop"})
+        assert answer.status_code == 200
+        slowest = max(slowest, answer.elapsed.total_seconds())
+    assert restarts() >= 2, "diesoon never crashed twice"
+    assert slowest < 1.0
+    # a request that kills its worker gets one answer: the worker died
+    wait_until(lambda: any(w["status"] == "READY"
+                           for w in daemon.describe("diesoon")[0]["workers"]), 30,
+               "diesoon to be up between crashes")
+    killed = daemon.predict("diesoon", json={})
+    assert killed.status_code in (500, 503)
+    if killed.status_code == 500:
+        assert killed.json() == WORKER_DIED
