@@ -122,14 +122,16 @@ class BaseHandler:
             )
         model = candidates[0]()
         if model_pt_path:
-            model.load_state_dict(self._load_state_dict(model_pt_path))
+            # assign: the parameters become the memory-mapped tensors themselves, so the
+            # workers of a model share one copy of the weights (the page cache's).
+            model.load_state_dict(self._load_state_dict(model_pt_path), assign=True)
         return model
 
     def _load_state_dict(self, path: str) -> dict[str, Any]:
         if not os.path.isfile(path):
             raise RuntimeError(f"Serialized file {path!r} does not exist.")
         try:
-            # mmap shares the file's pages between workers and avoids a second copy in memory.
+            # mmap: the tensors are the file's pages, shared by every worker that maps them.
             return torch.load(path, map_location=self.device, weights_only=True, mmap=True)
         except RuntimeError as exc:
             # Files in the legacy (non-zip) format cannot be memory-mapped.

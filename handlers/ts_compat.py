@@ -2,16 +2,21 @@
 ``ts.utils.util``, ...) resolve to mservd's modules, so handlers written for TorchServe load
 unchanged.
 
-This module owns the alias table and nothing else. The backend worker calls
-:func:`install_ts_aliases` once before loading a handler; it registers modules in
-``sys.modules`` and does no other import-system magic.
+This module owns the alias table and the finder that serves it. The backend worker calls
+:func:`install_ts_aliases` once before loading a handler; from then on ``import ts.X`` gives
+mservd's module for ``X``. Aliases resolve when first imported, not all at install: the vision
+modules import torchvision (and through it ``torch._dynamo``, seconds of start-up), which a
+worker whose handler never asks for them must not pay for.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
 import logging
 import sys
+from importlib.machinery import ModuleSpec
 from types import ModuleType
 
 logger = logging.getLogger(__name__)
@@ -34,28 +39,47 @@ TS_ALIASES = {
 }
 
 
-def install_ts_aliases() -> None:
-    """Register the ``ts.*`` aliases; a no-op for names already imported (a real TorchServe)."""
-    for ts_name, ours in TS_ALIASES.items():
-        if ts_name in sys.modules:
-            continue
+
+
+def _packages() -> set[str]:
+    """``ts``, ``ts.torch_handler``, ...: every parent of an alias, an empty package."""
+    found = set()
+    for name in TS_ALIASES:
+        parts = name.split(".")[:-1]
+        found.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+    return found
+
+
+class TorchServeAliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``ts.*`` modules in the alias table and hands back mservd's module for each."""
+
+    def __init__(self) -> None:
+        self.packages = _packages()
+
+    def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
+        if fullname in TS_ALIASES:
+            return importlib.util.spec_from_loader(fullname, self)
+        if fullname in self.packages:
+            return importlib.util.spec_from_loader(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        ours = TS_ALIASES.get(spec.name)
+        if ours is None:
+            return None  # a package: the default empty module
         module = importlib.import_module(ours)
-        sys.modules[ts_name] = module
-        parent_name, _, child = ts_name.rpartition(".")
-        parent = _package(parent_name)
-        setattr(parent, child, module)
+        spec.loader_state = module.__spec__  # the import system overwrites it; put it back
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        spec = module.__spec__
+        if spec is not None and spec.loader_state is not None:
+            module.__spec__ = spec.loader_state
+
+
+def install_ts_aliases() -> None:
+    """Let ``ts.*`` imports resolve to mservd's modules (ahead of a real TorchServe's)."""
+    if any(isinstance(finder, TorchServeAliasFinder) for finder in sys.meta_path):
+        return
+    sys.meta_path.insert(0, TorchServeAliasFinder())
     logger.debug("TorchServe import aliases installed")
-
-
-def _package(name: str) -> ModuleType:
-    """An empty package ``name`` (and its parents) in ``sys.modules``."""
-    existing = sys.modules.get(name)
-    if existing is not None:
-        return existing
-    package = ModuleType(name, f"mservd alias package for TorchServe's {name}")
-    package.__path__ = []
-    sys.modules[name] = package
-    parent_name, _, child = name.rpartition(".")
-    if parent_name:
-        setattr(_package(parent_name), child, package)
-    return package

@@ -109,10 +109,21 @@ class Controller:
         poller.register(self.front, zmq.POLLIN)
         poller.register(self.back, zmq.POLLIN)
         front, back = self.front, self.back
+        zygote = self.supervisor.zygote
+        zygote_fd = -1
         while True:
+            if zygote.fileno() != zygote_fd:  # (re)started: its reports wake the loop
+                if zygote_fd >= 0:
+                    poller.unregister(zygote_fd)
+                zygote_fd = zygote.fileno()
+                if zygote_fd >= 0:
+                    poller.register(zygote_fd, zmq.POLLIN)
             now = time.monotonic()
             timeout = max(0.0, self.next_wakeup(now) - now)
             events = dict(poller.poll(timeout * 1000.0))
+            if zygote_fd in events:
+                zygote.read_reports()
+                self.reap_workers(time.monotonic())
             if back in events:
                 self._drain(back, self.on_worker)
             if front in events:
@@ -324,7 +335,7 @@ class Controller:
         worker.state = WorkerState.IDLE
         self.supervisor.record_ready(worker.mv)
         worker.mv.load_error = None
-        log.info("worker %s (pid %d) ready for %s/%s", worker.id, worker.pid, worker.model,
+        log.info("worker %s (pid %s) ready for %s/%s", worker.id, worker.pid, worker.model,
                  worker.version)
         self.dispatch(worker.mv, now)
         self.check_waiters(now)

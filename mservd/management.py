@@ -318,7 +318,7 @@ class Management:
         workers = []
         for worker in sorted(mv.workers.values(), key=lambda w: int(w.id)):
             try:
-                memory = psutil.Process(worker.pid).memory_info().rss
+                memory = psutil.Process(worker.pid).memory_info().rss if worker.pid else 0
             except psutil.Error:
                 memory = 0
             workers.append({

@@ -129,6 +129,8 @@ class Metrics:
             self.pending.labels(mv.name, mv.version).set(len(mv.batcher))
             self.live.labels(mv.name, mv.version).set(mv.live_count())
             for worker in mv.workers.values():
+                if worker.pid is None:
+                    continue
                 try:
                     rss = psutil.Process(worker.pid).memory_info().rss
                 except psutil.Error:

@@ -1,25 +1,24 @@
 """Backend worker processes: spawn, stop, reap, and restart with back-off.
 
 The supervisor knows processes, not requests: the controller hands it model versions and asks
-it to make the live workers match each version's target. It starts workers with
-``subprocess`` (a fresh interpreter each: never a fork of the controller, which holds a ZeroMQ
-context), gives each a device (``cuda:<gpu_id>`` round-robin, or a share of the CPU cores) and
-sends its stdout and stderr to the model's log file.
+it to make the live workers match each version's target. Workers are forks of the zygote
+(:mod:`mservd.zygote`, which has imported torch once; never a fork of the controller, which
+holds a ZeroMQ context). The supervisor gives each a device (``cuda:<gpu_id>`` round-robin, or
+a share of the CPU cores) and sends its stdout and stderr to the model's log file.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
+
+from mservd.zygote import Child, Zygote
 
 if TYPE_CHECKING:
     from mservd.registry import ModelVersion
@@ -41,7 +40,7 @@ class Worker:
     id: str
     model: str
     version: str
-    proc: subprocess.Popen
+    proc: Child
     gpu_id: int | None
     started: float = field(default_factory=time.time)
     spawned_at: float = field(default_factory=time.monotonic)
@@ -57,7 +56,8 @@ class Worker:
         return self.id.encode()
 
     @property
-    def pid(self) -> int:
+    def pid(self) -> int | None:
+        """None until the zygote has forked it (it may still be importing torch)."""
         return self.proc.pid
 
     @property
@@ -100,6 +100,8 @@ class Supervisor:
         self._next_id = 9000
         self._next_gpu = 0
         self._logs: dict[str, Any] = {}
+        self.zygote = Zygote()
+        self.zygote.start()  # torch imports there while the frontends start
 
     # -- verbs ---------------------------------------------------------------
 
@@ -122,19 +124,12 @@ class Supervisor:
             "model_yaml": mv.model_yaml,
             **self.spec_extra,
         }
-        logfile = self._log_for(mv.name)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mservd.worker", json.dumps(spec)],
-            stdin=subprocess.DEVNULL,
-            stdout=logfile,
-            stderr=subprocess.STDOUT,
-            close_fds=True,
-        )
+        proc = self.zygote.spawn(worker_id, spec, self._log_for(mv.name).fileno())
         worker = Worker(worker_id, mv.name, mv.version, proc, gpu_id, mv=mv)
         self.workers[worker.identity] = worker
         mv.workers[worker.id] = worker
-        log.info("spawned worker %s (pid %d) for %s/%s on %s", worker_id, proc.pid, mv.name,
-                 mv.version, f"cuda:{gpu_id}" if gpu_id is not None else "cpu")
+        log.info("spawning worker %s for %s/%s on %s", worker_id, mv.name, mv.version,
+                 f"cuda:{gpu_id}" if gpu_id is not None else "cpu")
         return worker
 
     def stop_worker(self, worker: Worker) -> None:
@@ -161,7 +156,7 @@ class Supervisor:
             self.send_stop(worker)
 
     def kill_worker(self, worker: Worker, why: str) -> None:
-        log.warning("killing worker %s (pid %d): %s", worker.id, worker.pid, why)
+        log.warning("killing worker %s (pid %s): %s", worker.id, worker.pid, why)
         if worker.proc.poll() is None:
             worker.proc.kill()
 
@@ -175,7 +170,7 @@ class Supervisor:
             del self.workers[identity]
             dead.append((worker, code))
             if not worker.stop_requested:
-                log.warning("worker %s (pid %d) of %s/%s exited unexpectedly: %s", worker.id,
+                log.warning("worker %s (pid %s) of %s/%s exited unexpectedly: %s", worker.id,
                             worker.pid, worker.model, worker.version, describe_exit(code))
         return dead
 
@@ -216,17 +211,7 @@ class Supervisor:
 
     def terminate_all(self, grace: float) -> None:
         """TERM every worker, wait up to ``grace`` seconds, then KILL the rest."""
-        for worker in self.workers.values():
-            if worker.proc.poll() is None:
-                worker.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for worker in self.workers.values():
-            remaining = deadline - time.monotonic()
-            try:
-                worker.proc.wait(timeout=max(0.0, remaining))
-            except subprocess.TimeoutExpired:
-                worker.proc.kill()
-                worker.proc.wait()
+        self.zygote.stop(grace)
         self.workers.clear()
         for handle in self._logs.values():
             handle.close()

@@ -3,10 +3,11 @@
 It loads the handler once (``initialize``), tells the controller it is ready (or why it could
 not load, then exits with code 3), and then runs batches until told to stop. It knows its model,
 its device and its socket, nothing else. A batch that raises fails only itself; the worker lives
-on. The worker exits by itself when the controller goes away (parent-death signal, and a ppid
-check each second), so no worker outlives its daemon.
+on. The worker exits by itself when its parent (the zygote, which dies with the controller) goes
+away: parent-death signal, and a ppid check each second, so no worker outlives its daemon.
 
-Run as ``python -m mservd.worker SPEC_JSON``; the controller writes the spec.
+The supervisor's zygote forks each worker and calls :func:`run` with the spec it was sent;
+``python -m mservd.worker SPEC_JSON`` runs one in a fresh interpreter (for debugging a handler).
 """
 
 from __future__ import annotations
@@ -372,6 +373,7 @@ def serve(spec: dict[str, Any]) -> int:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IDENTITY, spec["worker_id"].encode())
     sock.connect(spec["endpoint"])
+    began = time.monotonic()
     try:
         handler, context = load(spec)
     except BaseException as exc:  # any load failure must reach the register call
@@ -383,8 +385,8 @@ def serve(spec: dict[str, Any]) -> int:
         sock.close(linger=1000)
         return EXIT_LOAD_FAILED
     sock.send_multipart([protocol.READY, protocol.packb({"pid": os.getpid()})])
-    log.info("worker %s ready: model %s version %s", spec["worker_id"], spec["model_name"],
-             spec["version"])
+    log.info("worker %s ready: model %s version %s loaded in %.2f s", spec["worker_id"],
+             spec["model_name"], spec["version"], time.monotonic() - began)
     max_response_size = spec.get("max_response_size", 6553500)
     attach_stream(context, sock, max_response_size)
     poller = zmq.Poller()
@@ -420,11 +422,16 @@ def serve(spec: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    spec = json.loads(argv[0])
+    return run(json.loads(argv[0]))
+
+
+def run(spec: dict[str, Any]) -> int:
+    """Be the worker ``spec`` describes, in this process (a fresh one or a zygote's fork)."""
     logging.basicConfig(
         level=spec.get("log_level", "INFO"),
         format=f"%(asctime)s [pid {os.getpid()}] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
+        force=True,
     )
     die_with_parent(signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us

@@ -206,3 +206,14 @@ def daemon_factory(tmp_path: Path, store: Path):
     yield make
     for daemon in started:
         daemon.stop()
+
+
+def wait_until(predicate, timeout: float, what: str):
+    """Poll ``predicate`` every 0.1 s until it is truthy; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")

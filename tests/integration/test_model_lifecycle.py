@@ -110,5 +110,6 @@ def test_describe_shows_real_worker_pids_and_settings(daemon) -> None:
     assert desc["jobQueueStatus"] == {"remainingCapacity": 100, "pendingRequests": 0}
     for worker in desc["workers"]:
         assert worker["status"] == "READY"
-        assert "mservd.worker" in " ".join(psutil.Process(worker["pid"]).cmdline())
+        parent = psutil.Process(worker["pid"]).parent()  # a fork of the zygote
+        assert "mservd.zygote" in " ".join(parent.cmdline())
         assert worker["memoryUsage"] > 10 * 2**20

@@ -10,20 +10,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
-import pytest
 import requests
+from conftest import wait_until
 
 WORKER_DIED = {"code": 500, "type": "InternalServerException", "message": "Worker died."}
 
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def kill_three_workers(daemon, killed: list[int], answers: list) -> None:

@@ -1,0 +1,399 @@
+"""The worker zygote: one process that imports torch once and forks every worker from itself.
+
+Importing torch costs seconds of CPU and a few hundred MiB of private memory per interpreter.
+The zygote pays that once, freezes its objects (``gc.freeze``, so no collection ever writes to
+those pages) and forks a worker per request: each worker shares the zygote's pages copy-on-write
+and is serving as soon as its model has loaded. The zygote never creates a thread, a ZeroMQ
+context or a CUDA context, so every fork is clean; a worker makes its own after the fork.
+
+The supervisor owns one :class:`Zygote` (started with the controller, so torch imports while the
+frontends start) and talks to it over a Unix SEQPACKET socket pair, one JSON message per packet:
+
+    supervisor -> zygote   {"spawn": SPEC}        the worker's log file descriptor attached
+                           {"signal": ID, "sig": N}
+    zygote -> supervisor   {"spawned": ID, "pid": PID}
+                           {"exited": ID, "code": CODE}   CODE as Popen.returncode reads it
+
+A worker's parent is the zygote, so the supervisor cannot ``wait`` for it; the zygote reaps its
+children and reports their exits. The zygote dies with the controller and its workers die with
+the zygote (parent-death signals), so nothing outlives the daemon.
+
+Run as ``python -m mservd.zygote FD``; the supervisor starts it.
+"""
+
+from __future__ import annotations
+
+import ast
+import errno
+import gc
+import importlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("mservd.zygote")
+
+# Imported before the first fork, so every worker shares them.
+PRELOAD = (
+    "torch",
+    "numpy",
+    "PIL.Image",
+    "mservd.worker",
+    "handlers.loader",
+    "handlers.base_handler",
+    "handlers.ts_compat",
+)
+# Heavy libraries imported only when a model's code imports them (torchvision alone pulls in
+# torch._dynamo, about 3 s and 90 MiB): the zygote imports one before forking that model's
+# workers, so they share it, and a model that never uses it does not wait for it.
+SHARED_LIBRARIES = ("torchvision", "torchaudio", "transformers", "timm")
+VISION_BUILTINS = ("image_classifier", "image_segmenter", "object_detector")
+MAX_MESSAGE = 1 << 20
+
+
+def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    if fds:
+        socket.send_fds(sock, [data], fds)
+    else:
+        sock.send(data)
+
+
+class Child:
+    """A worker process as the supervisor sees it: Popen's poll and signals, via the zygote."""
+
+    def __init__(self, zygote: Zygote, worker_id: str) -> None:
+        self.zygote = zygote
+        self.worker_id = worker_id
+        self.pid: int | None = None  # known once the zygote has forked it
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.zygote.read_reports()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            self.zygote.signal(self.worker_id, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """The supervisor's end: start the zygote, ask it for workers, learn their pids and exits."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.children: dict[str, Child] = {}
+
+    def start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mservd.zygote", str(theirs.fileno())],
+            stdin=subprocess.DEVNULL,
+            pass_fds=(theirs.fileno(),),
+        )
+        theirs.close()
+        ours.setblocking(False)
+        self.sock = ours
+        log.info("worker zygote started (pid %d)", self.proc.pid)
+
+    def spawn(self, worker_id: str, spec: dict[str, Any], log_fd: int) -> Child:
+        if self.sock is None:
+            self.start()
+        assert self.sock is not None
+        child = Child(self, worker_id)
+        self.children[worker_id] = child
+        self.sock.setblocking(True)
+        try:
+            _send(self.sock, {"spawn": spec}, [log_fd])
+        except OSError as exc:  # the zygote is gone: the worker never starts
+            log.error("could not ask the zygote for worker %s: %s", worker_id, exc)
+            self._lost()
+        finally:
+            if self.sock is not None:
+                self.sock.setblocking(False)
+        return child
+
+    def signal(self, worker_id: str, sig: int) -> None:
+        if self.sock is None:
+            return
+        try:
+            self.sock.setblocking(True)
+            _send(self.sock, {"signal": worker_id, "sig": int(sig)})
+        except OSError:
+            self._lost()
+        finally:
+            if self.sock is not None:
+                self.sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self.sock.fileno() if self.sock is not None else -1
+
+    def read_reports(self) -> None:
+        """Take every report waiting on the socket, without blocking."""
+        while self.sock is not None:
+            try:
+                data = self.sock.recv(MAX_MESSAGE)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._lost()
+                return
+            report = json.loads(data)
+            if "spawned" in report:
+                child = self.children.get(report["spawned"])
+                if child is not None:
+                    child.pid = report["pid"]
+            elif "exited" in report:
+                child = self.children.pop(report["exited"], None)
+                if child is not None:
+                    child.returncode = report["code"]
+
+    def _lost(self) -> None:
+        """The zygote died (its workers die with it): every child reads as killed."""
+        code = self.proc.poll() if self.proc is not None else None
+        if self.proc is not None and code is None:
+            self.proc.kill()
+            code = self.proc.wait()
+        log.error("the worker zygote exited (%s); its workers are gone", code)
+        for child in self.children.values():
+            child.returncode = -signal.SIGKILL
+        self.children.clear()
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = None
+        self.proc = None
+
+    def stop(self, grace: float) -> None:
+        """TERM every worker, KILL those still there after ``grace`` seconds, end the zygote."""
+        for child in list(self.children.values()):
+            child.terminate()
+        deadline = time.monotonic() + grace
+        while self.children and time.monotonic() < deadline:
+            select.select([self.fileno()], [], [], 0.05)
+            self.read_reports()
+        for child in list(self.children.values()):
+            child.kill()
+        if self.sock is not None:
+            self.sock.close()  # the zygote reads end-of-file, kills what is left and exits
+            self.sock = None
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+        self.children.clear()
+
+
+# -- the zygote process ------------------------------------------------------------------
+
+
+def preload() -> None:
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            log.warning("zygote could not preload %s: %s", name, exc)
+    gc.collect()
+    gc.freeze()  # the collector never writes to the shared pages
+
+
+def libraries_for(spec: dict[str, Any]) -> list[str]:
+    """The :data:`SHARED_LIBRARIES` the model's handler and code files import."""
+    if spec.get("install_py_dep_per_model"):
+        return []  # its own requirements may pin another version: the worker imports its own
+    found = set()
+    if (spec.get("handler") or "").partition(":")[0] in VISION_BUILTINS:
+        found.add("torchvision")
+    for path in Path(spec.get("model_dir") or ".").glob("*.py"):
+        try:
+            tree = ast.parse(path.read_bytes())
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            found.update(top for top in (n.partition(".")[0] for n in names)
+                         if top in SHARED_LIBRARIES)
+    return sorted(found)
+
+
+def import_shared(names: list[str]) -> None:
+    fresh = [name for name in names if name not in sys.modules]
+    for name in fresh:
+        started = time.monotonic()
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # the worker will meet the same error and report it
+            log.warning("zygote could not import %s: %s", name, exc)
+            continue
+        log.info("zygote imported %s for its workers in %.2f s", name, time.monotonic() - started)
+    if fresh:
+        gc.collect()
+        gc.freeze()
+
+
+def fork_worker(spec: dict[str, Any], log_fd: int, sock: socket.socket, pipe: tuple[int, int]) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        sock.close()
+        for fd in pipe:
+            os.close(fd)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        _reseed()
+        from mservd import worker
+
+        code = worker.run(spec)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    return 0  # not reached
+
+
+def _reseed() -> None:
+    """Forks share the zygote's random state; give each worker its own."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+
+
+def serve(sock: socket.socket) -> int:
+    from mservd.lifeline import die_with_parent
+
+    die_with_parent(signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us
+    preload()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select below
+    children: dict[int, str] = {}
+    by_id: dict[str, int] = {}
+    while True:
+        readable, _, _ = select.select([sock, wake_r], [], [])
+        if wake_r in readable:
+            while True:
+                try:
+                    if not os.read(wake_r, 512):
+                        break
+                except BlockingIOError:
+                    break
+        _reap(sock, children, by_id)
+        if sock not in readable:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 4)
+        except OSError as exc:
+            if exc.errno != errno.EINTR:
+                data, fds = b"", []
+            else:
+                continue
+        if not data:
+            return _finish(children)
+        request = json.loads(data)
+        if "spawn" in request:
+            spec = request["spawn"]
+            import_shared(libraries_for(spec))
+            pid = fork_worker(spec, fds[0], sock, (wake_r, wake_w))
+            os.close(fds[0])
+            children[pid] = spec["worker_id"]
+            by_id[spec["worker_id"]] = pid
+            _send(sock, {"spawned": spec["worker_id"], "pid": pid})
+        elif "signal" in request:
+            pid = by_id.get(request["signal"])
+            if pid is not None:
+                try:
+                    os.kill(pid, request["sig"])
+                except ProcessLookupError:
+                    pass
+        for fd in fds[1:]:
+            os.close(fd)
+
+
+def _reap(sock: socket.socket, children: dict[int, str], by_id: dict[str, int]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        worker_id = children.pop(pid, None)
+        if worker_id is None:
+            continue
+        by_id.pop(worker_id, None)
+        _send(sock, {"exited": worker_id, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _finish(children: dict[int, str]) -> int:
+    """The supervisor went away: no worker may outlive it."""
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in children:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s [pid {os.getpid()}] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    sock = socket.socket(fileno=int(argv[0]))
+    sock.setblocking(True)
+    return serve(sock)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Workers are forks of one zygote that imported torch once; the zygote's death loses nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+from conftest import wait_until
+
+
+def zygote_of(daemon) -> psutil.Process:
+    [zygote] = [p for p in psutil.Process(daemon.proc.pid).children()
+                if "mservd.zygote" in " ".join(p.cmdline())]
+    return zygote
+
+
+def maps(pid: int) -> str:
+    with open(f"/proc/{pid}/maps") as f:
+        return f.read()
+
+
+def test_every_worker_is_a_fork_of_the_one_zygote(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar,tiny.mar", "default_workers_per_model": 2})
+    zygote = zygote_of(daemon)
+    pids = daemon.worker_pids("echo") | daemon.worker_pids("tiny")
+    assert len(pids) == 4
+    assert {psutil.Process(pid).ppid() for pid in pids} == {zygote.pid}
+    for pid in pids:  # torch came from the zygote, already mapped before the fork
+        assert "libtorch_cpu" in maps(pid)
+
+
+def test_a_model_that_does_not_use_torchvision_never_loads_it(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "tiny.mar,resnet18.mar"})
+    [tiny] = daemon.worker_pids("tiny")
+    [resnet] = daemon.worker_pids("resnet18")
+    assert "torchvision" not in maps(tiny)
+    assert "torchvision" in maps(resnet)
+    assert "torchvision" in maps(zygote_of(daemon).pid)  # imported once, shared by the fork
+
+
+def test_a_killed_zygote_takes_its_workers_and_both_come_back(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar", "default_workers_per_model": 2})
+    old_zygote = zygote_of(daemon)
+    old_workers = daemon.worker_pids("echo")
+    os.kill(old_zygote.pid, signal.SIGKILL)
+    gone, alive = psutil.wait_procs([psutil.Process(p) for p in old_workers], timeout=10)
+    assert alive == []  # the workers die with their zygote: none is orphaned
+
+    def two_new_ready_workers() -> bool:
+        workers = daemon.describe("echo")[0]["workers"]
+        return (len(workers) == 2 and all(w["status"] == "READY" for w in workers)
+                and not {w["pid"] for w in workers} & old_workers)
+
+    wait_until(two_new_ready_workers, 60, "two new workers")
+    assert zygote_of(daemon).pid != old_zygote.pid
+    answer = daemon.predict("echo", json={"after": "zygote restart"})
+    assert answer.status_code == 200, answer.text
+    assert "zygote exited" in (daemon.log_dir / "mservd.log").read_text()
