@@ -107,6 +107,7 @@ class Result:
     error_p99_ms: float = float("nan")  # how fast errors (e.g. 503 refusals) came back
     error_max_ms: float = float("nan")
     first_error: str | None = None
+    client_late_p99_ms: float = float("nan")  # open loop: the client's own lag in sending
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v)
@@ -115,7 +116,8 @@ class Result:
     def line(self) -> str:
         errs = ",".join(f"{k}:{v}" for k, v in sorted(self.errors.items())) or "-"
         load = f"rate={self.rate:.0f}/s" if self.mode == "open" else f"c={self.concurrency}"
-        extra = f" backlog={self.backlog}" if self.mode == "open" else ""
+        extra = (f" backlog={self.backlog} late99={self.client_late_p99_ms:.1f}ms"
+                 if self.mode == "open" else "")
         return (f"{self.workload:<28} {self.mode:<6} {load:<13} sent={self.sent:<6} "
                 f"ok={self.completed:<6} err={errs}{extra} thr={self.throughput:8.1f}/s "
                 f"p50={self.p50_ms:7.2f} p90={self.p90_ms:7.2f} p99={self.p99_ms:7.2f} "
@@ -271,6 +273,7 @@ class _Recorder:
         self.errors: Counter[str] = Counter()
         self.sent = 0
         self.first_error: str | None = None
+        self.late: list[float] = []  # open loop: how long after its arrival a request was sent
 
     def record(self, idx: int, status: int, body: bytes, seconds: float) -> None:
         if 200 <= status < 300:
@@ -303,6 +306,7 @@ class _Recorder:
             p99_ms=percentile(ok, 99) * ms, max_ms=(ok[-1] * ms) if ok else float("nan"),
             error_p99_ms=percentile(err, 99) * ms, error_max_ms=(err[-1] * ms) if err else float("nan"),
             first_error=self.first_error,
+            client_late_p99_ms=percentile(sorted(self.late), 99) * ms,
         )
 
 
@@ -368,6 +372,7 @@ async def open_loop_async(workload: Workload, rate: float, seconds: float,
     arrivals = 0
 
     async def fire(conn: _Conn | None, idx: int, scheduled: float) -> None:
+        rec.late.append(time.perf_counter() - scheduled)
         conn = await _send_one(conn, workload, rec, idx, scheduled, timeout)
         idle.append(conn)
 

@@ -279,9 +279,11 @@ class NaiveFlask(System):
 
 def torchserve_available() -> str | None:
     """None when TorchServe 0.12 and Java can run here, else why not."""
-    try:
-        import ts.model_server  # noqa: F401 - the real TorchServe package, not mservd's entry
-    except ImportError:
+    # asked in a fresh interpreter: in this one the in-process limit may have installed mservd's
+    # ts.* aliases, which hide the real TorchServe package
+    probe = subprocess.run([sys.executable, "-c", "import ts.model_server"],
+                           capture_output=True, timeout=120, check=False)
+    if probe.returncode != 0:
         return "torchserve is not installed (pip install torchserve==0.12.0)"
     if shutil.which("java") is None:
         return "no java on PATH (TorchServe's frontend is a JVM)"
