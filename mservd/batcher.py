@@ -9,7 +9,9 @@ The policy keeps a lone request fast and a loaded server efficient:
 * while some worker is busy, an idle worker waits up to ``max_batch_delay`` from the oldest
   request's arrival for the batch to fill;
 * requests whose deadline passes in the queue are taken out by ``expire`` to be answered 504,
-  never computed.
+  never computed;
+* ``oldest_wait`` lets the controller refuse new requests while the queue is standing still
+  (the head has waited too long), so overload is refused at once instead of queued.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class Batcher(Generic[T]):
         if self._soonest is not None and item.deadline < self._soonest:
             self._soonest = item.deadline
         return True
+
+    def oldest_wait(self, now: float) -> float:
+        """How long the request at the head of the queue has waited (0 when empty)."""
+        return now - self._queue[0].arrived if self._queue else 0.0
 
     def push_front(self, item: T) -> None:
         """Put back a request whose worker died, ahead of the others and past the bound."""

@@ -478,7 +478,7 @@ class Settings:
     frontend_workers: int = field(
         default=2,
         metadata=_meta(
-            "frontend_workers", "Gunicorn worker processes serving the HTTP APIs.", _at_least(1)
+            "frontend_workers", "Processes serving the HTTP inference API.", _at_least(1)
         ),
     )
     frontend_connections: int = field(
@@ -489,6 +489,15 @@ class Settings:
             _at_least(1),
         ),
     )
+    shed_delay_ms: int = field(
+        default=20,
+        metadata=_meta(
+            "shed_delay_ms",
+            "While an inference server process runs this many ms behind, new predictions get "
+            "503 at once instead of waiting (0 turns load shedding off).",
+            _at_least(0),
+        ),
+    )
     max_archive_bytes: int = field(
         default=4 * 1024**3,
         metadata=_meta("max_archive_bytes", "Largest unpacked archive in bytes.", _above(0)),
@@ -496,6 +505,16 @@ class Settings:
     max_archive_files: int = field(
         default=10000,
         metadata=_meta("max_archive_files", "Most files an archive may hold.", _above(0)),
+    )
+    max_queue_wait_ms: int = field(
+        default=50,
+        metadata=_meta(
+            "max_queue_wait_ms",
+            "When the oldest request queued for a model has waited this many ms beyond its "
+            "max_batch_delay (or two of the model's batch times, if longer), new requests for it "
+            "are refused at once with 503 and Retry-After instead of queueing; 0 turns this off.",
+            _at_least(0),
+        ),
     )
     default_request_timeout_ms: int = field(
         default=0,

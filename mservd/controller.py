@@ -199,7 +199,12 @@ class Controller:
                 raise NoWorker(f"No worker is available to serve model: {mv.name} "
                                f"version: {mv.version}. Check its workers with "
                                f"GET /models/{mv.name}/{mv.version}.")
-            pending = Pending(route.rid, fid, frames[3:], now, now + self.queue_timeout(mv, route))
+            # the frontend's send time, when sane: time in the pipe to here counts as waiting
+            sent = route.sent
+            arrived = sent if sent is not None and 0.0 <= now - sent < 60.0 else now
+            self.admit(mv, now, arrived)
+            pending = Pending(route.rid, fid, frames[3:], arrived,
+                              arrived + self.queue_timeout(mv, route))
             if not mv.batcher.add(pending):
                 raise QueueFull(
                     f"Model {mv.name} version {mv.version} has {mv.batcher.capacity} requests "
@@ -210,6 +215,21 @@ class Controller:
             return
         self.metrics.version(mv.key).requests.inc()
         self.dispatch(mv, now)
+
+    def admit(self, mv: ModelVersion, now: float, arrived: float) -> None:
+        """Refuse at once while requests stand still: this one reached us late, or the
+        version's queue head has waited too long — longer than batching asks
+        (max_batch_delay) plus max_queue_wait_ms, or two batch times if longer."""
+        limit = self.settings.max_queue_wait_ms / 1000.0
+        if not limit:
+            return
+        limit = mv.settings.max_batch_delay / 1000.0 + max(limit, 2 * mv.batch_seconds)
+        waited = max(now - arrived, mv.batcher.oldest_wait(now))
+        if waited > limit:
+            raise QueueFull(
+                f"Model {mv.name} version {mv.version} is overloaded: requests have waited "
+                f"{waited * 1000:.0f} ms to be served (max_queue_wait_ms allows "
+                f"{limit * 1000:.0f}); retry later.", headers={"Retry-After": "1"})
 
     def on_cancel(self, fid: bytes, rid: bytes) -> None:
         """The client went away: a request still queued is dropped; a running one finishes."""
@@ -346,7 +366,9 @@ class Controller:
         metrics = self.metrics
         vm = metrics.version((worker.model, worker.version))
         vm.batch.observe(len(batch))
-        vm.handler.observe(now - worker.batch_started)
+        batch_took = now - worker.batch_started
+        vm.handler.observe(batch_took)
+        worker.mv.batch_seconds += 0.2 * (batch_took - worker.mv.batch_seconds)
         for i in range(2, len(frames) - 2, 3):
             rid = frames[i]
             pending = batch.pop(rid, None)

@@ -142,7 +142,8 @@ class Daemon:
         self.settings = settings
         self.log_dir = Path(settings.log_dir).resolve()
         self.stop_signal = False
-        self.frontend: subprocess.Popen | None = None
+        self.frontend: subprocess.Popen | None = None  # gunicorn: management and metrics
+        self.inference_frontends: list[subprocess.Popen] = []  # inference_server, N of them
         self.grpc_frontend: subprocess.Popen | None = None  # mservd.frontends.grpc.server
         self.listeners: dict[str, socket.socket] = {}
         self.warnings: list[str] = []
@@ -223,7 +224,7 @@ class Daemon:
             controller.run(lambda: self.stop_signal, self.frontend_alive)
         finally:
             self.stop_frontend()
-            for frontend in (self.frontend, self.grpc_frontend):
+            for frontend in self.frontends():
                 if frontend is not None:
                     try:
                         frontend.wait(timeout=settings.drain_timeout + 5)
@@ -260,12 +261,13 @@ class Daemon:
 
     def start_frontend(self, run_dir: Path, auth: bool) -> None:
         settings = self.settings
-        ports = {api: sock.getsockname()[1] for api, sock in self.listeners.items()}
+        ports = {api: sock.getsockname()[1] for api, sock in self.listeners.items()
+                 if api != "inference"}
         spec = {
             "controller": f"ipc://{run_dir}/frontend.sock",
-            "fds": [sock.fileno() for sock in self.listeners.values()],
+            "fds": [sock.fileno() for api, sock in self.listeners.items() if api != "inference"],
             "ports": ports,
-            "workers": settings.frontend_workers,
+            "workers": 1,
             "connections": settings.frontend_connections,
             "graceful_timeout": settings.drain_timeout,
             "errorlog": str(self.log_dir / "frontend.log"),
@@ -283,7 +285,38 @@ class Daemon:
             stdout=open(self.log_dir / "frontend.log", "ab"), stderr=subprocess.STDOUT,
         )
         log.info("HTTP frontend started (pid %d) on ports %s", self.frontend.pid, ports)
+        self.start_inference_frontends(spec)
         self.start_grpc_frontend(run_dir, spec)
+
+    def start_inference_frontends(self, http_spec: dict[str, Any]) -> None:
+        """The inference port's servers: ``frontend_workers`` processes sharing its socket."""
+        settings = self.settings
+        sock = self.listeners["inference"]
+        spec = {
+            "controller": http_spec["controller"],
+            "fd": sock.fileno(),
+            "port": sock.getsockname()[1],
+            "shed_delay_ms": settings.shed_delay_ms,
+            "graceful_timeout": settings.drain_timeout,
+            "accesslog": http_spec["accesslog"],
+            "log_format": settings.log_format,
+            "log_level": settings.log_level,
+            "auth": http_spec["auth"],
+            "max_request_size": settings.max_request_size,
+            "reply_timeout": http_spec["reply_timeout"],
+        }
+        for _ in range(settings.frontend_workers):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mservd.frontends.http.inference_server", json.dumps(spec)],
+                pass_fds=[spec["fd"]], stdin=subprocess.DEVNULL,
+                stdout=open(self.log_dir / "frontend.log", "ab"), stderr=subprocess.STDOUT,
+            )
+            self.inference_frontends.append(proc)
+        log.info("inference servers started (pids %s) on port %d",
+                 ", ".join(str(p.pid) for p in self.inference_frontends), spec["port"])
+
+    def frontends(self) -> list[subprocess.Popen | None]:
+        return [self.frontend, *self.inference_frontends, self.grpc_frontend]
 
     def start_grpc_frontend(self, run_dir: Path, http_spec: dict[str, Any]) -> None:
         """Start the gRPC frontend; it binds its own ports and writes them to a file."""
@@ -326,13 +359,13 @@ class Daemon:
         return None
 
     def frontend_alive(self) -> bool:
-        return any(p is not None and p.poll() is None for p in (self.frontend, self.grpc_frontend))
+        return any(p is not None and p.poll() is None for p in self.frontends())
 
     def stop_frontend(self) -> None:
         """Close our copies of the listeners, and ask gunicorn to finish and exit."""
         for sock in self.listeners.values():
             sock.close()
-        for frontend in (self.frontend, self.grpc_frontend):
+        for frontend in self.frontends():
             if frontend is not None and frontend.poll() is None:
                 frontend.send_signal(signal.SIGTERM)
 

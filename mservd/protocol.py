@@ -19,7 +19,9 @@ opaque to it and forwarded as the same bytes::
                             CHUNK    | MSV1C | rid | reply | body |
                             METRICS  | MSV1Q | [[name, value, unit, kind, {dim: value}], ...] |
 
-    route = [rid, model, version or None, token or None, api, timeout_ms or None]
+    route = [rid, model, version or None, token or None, api, timeout_ms or None, sent]
+            (sent: the frontend's time.monotonic() when it sent the request; CLOCK_MONOTONIC
+            is one clock for every process on the host, so the controller sees the transit)
     meta  = [[[name, content_type], ...], {header: value}, explain]  (msgpack array)
     reply = [status, content_type, {header: value}]                  (msgpack array)
 
@@ -28,6 +30,7 @@ A ROUTER prepends the peer's identity frame; the functions here take and return 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -83,24 +86,27 @@ class Route:
     token: str | None
     api: str
     timeout_ms: float | None = None  # the client's own queue deadline, if it sent one
+    sent: float | None = None  # the frontend's time.monotonic() at sending; set by predict_frames
 
 
 def predict_frames(route: Route, meta: bytes, inputs: Sequence[bytes]) -> list[bytes]:
     header = packb([route.rid, route.model, route.version, route.token, route.api,
-                    route.timeout_ms])
+                    route.timeout_ms, time.monotonic() if route.sent is None else route.sent])
     return [PREDICT, header, meta, *inputs]
 
 
 def parse_route(frame: bytes) -> Route:
     fields = unpackb(frame)
-    if not isinstance(fields, list) or len(fields) != 6:
-        raise ProtocolError("route header must be a 6-item array")
-    rid, model, version, token, api, timeout_ms = fields
+    if not isinstance(fields, list) or len(fields) != 7:
+        raise ProtocolError("route header must be a 7-item array")
+    rid, model, version, token, api, timeout_ms, sent = fields
     if not isinstance(rid, bytes) or not isinstance(model, str):
         raise ProtocolError("route header has a bad request id or model name")
     if timeout_ms is not None and not isinstance(timeout_ms, (int, float)):
         raise ProtocolError("route header has a bad timeout")
-    return Route(rid, model, version, token, api, timeout_ms)
+    if sent is not None and not isinstance(sent, (int, float)):
+        raise ProtocolError("route header has a bad send time")
+    return Route(rid, model, version, token, api, timeout_ms, sent)
 
 
 def pack_meta(inputs: Sequence[tuple[str, str]], headers: dict[str, str], explain: bool) -> bytes:

@@ -36,6 +36,7 @@ class ModelVersion:
     workers: dict[str, Worker] = field(default_factory=dict)
     load_error: str | None = None
     registered_at: float = field(default_factory=time.time)
+    batch_seconds: float = 0.0  # recent time a worker takes for one batch (moving average)
     batcher: Batcher = field(init=False)
 
     def __post_init__(self) -> None:

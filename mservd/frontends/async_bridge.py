@@ -1,8 +1,10 @@
-"""The gRPC frontend's line to the controller: one asyncio DEALER socket, one reader task.
+"""The asyncio frontends' line to the controller: one DEALER socket, one reader task.
 
-The same frames as the HTTP frontend's bridge (mservd/frontends/bridge.py), for grpc.aio: every
-RPC coroutine sends on the one socket, which only the event loop's thread touches, and awaits
-a future that the reader task resolves by request id. The frontend keeps no other state.
+The same frames as the gevent bridge (mservd/frontends/bridge.py), for the asyncio processes
+(the inference HTTP server and the gRPC frontend): every request coroutine sends on the one
+socket, which only the event loop's thread touches, and awaits a future that the reader task
+resolves by request id. A streamed answer's parts arrive on a queue instead. The frontend keeps
+no other state.
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from mservd import protocol
-from mservd.frontends.bridge import ControllerGone, Reply
+from mservd.frontends.bridge import ClientGone, ControllerGone, Reply
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +29,7 @@ class AsyncBridge:
         self.endpoint = endpoint
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: Any = None
-        self._waiting: dict[bytes, asyncio.Future] = {}
+        self._waiting: dict[bytes, asyncio.Future | asyncio.Queue] = {}
         self._reader: asyncio.Task | None = None
 
     def _socket(self) -> Any:
@@ -44,26 +47,95 @@ class AsyncBridge:
     async def _read_replies(self) -> None:
         while True:
             frames = await self._sock.recv_multipart()
-            if len(frames) < 4 or frames[0] != protocol.REPLY:
-                continue  # streamed chunks are not relayed over gRPC
-            waiter = self._waiting.pop(frames[1], None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(frames)
+            if len(frames) < 4 or frames[0] not in (protocol.REPLY, protocol.CHUNK):
+                continue
+            waiter = self._waiting.get(frames[1])
+            if waiter is None:
+                continue  # the client gave up; the answer has nowhere to go
+            if frames[0] == protocol.REPLY:
+                del self._waiting[frames[1]]
+            if type(waiter) is asyncio.Queue:
+                waiter.put_nowait(frames)
+            elif frames[0] == protocol.REPLY:
+                if not waiter.done():
+                    waiter.set_result(frames)
+            else:  # the first part of a streamed answer: the rest follow on a queue
+                parts: asyncio.Queue = asyncio.Queue()
+                parts.put_nowait(frames)
+                self._waiting[frames[1]] = parts
+                if not waiter.done():
+                    waiter.set_result(parts)
 
-    async def call(self, rid: bytes, frames: list[bytes], timeout: float) -> Reply:
+    async def call(self, rid: bytes, frames: list[bytes], timeout: float,
+                   stream: bool = False) -> Reply:
+        """Send a request and await its answer.
+
+        With ``stream`` a streamed answer comes back as its first part, with ``stream`` set to
+        an async iterator over the later parts' bodies (final one last); without, only the
+        final answer is returned.
+        """
         sock = self._socket()
         waiter = asyncio.get_running_loop().create_future()
         self._waiting[rid] = waiter
+        streaming = False
         try:
             await sock.send_multipart(frames)
             got = await asyncio.wait_for(waiter, timeout)
+            if type(got) is asyncio.Queue:
+                first = await self._next_part(got, timeout)
+                if stream:
+                    streaming = True
+                    status, content_type, headers = protocol.unpack_reply(first[2])
+                    return Reply(status, content_type, headers, first[3],
+                                 self._parts(rid, got, first, timeout))
+                while first[0] != protocol.REPLY:
+                    first = await self._next_part(got, timeout)
+                got = first
         except TimeoutError:
             raise ControllerGone(f"No answer from the controller within {timeout:.0f} s.") \
                 from None
         finally:
-            self._waiting.pop(rid, None)
+            if not streaming:
+                self._waiting.pop(rid, None)
         status, content_type, headers = protocol.unpack_reply(got[2])
         return Reply(status, content_type, headers, got[3])
+
+    @staticmethod
+    async def _next_part(parts: asyncio.Queue, timeout: float) -> list[bytes]:
+        got = await asyncio.wait_for(parts.get(), timeout)
+        if got is None:
+            raise ClientGone()
+        return got
+
+    async def _parts(self, rid: bytes, parts: asyncio.Queue, first: list[bytes],
+                     timeout: float) -> AsyncIterator[bytes]:
+        """The bodies of a streamed answer after the first; ends with the final answer's."""
+        try:
+            if first[0] == protocol.REPLY:
+                return
+            while True:
+                try:
+                    got = await asyncio.wait_for(parts.get(), timeout)
+                except TimeoutError:
+                    return  # the worker went quiet: the stream just ends
+                if got is None:
+                    return  # cancelled: the client went away
+                yield got[3]
+                if got[0] == protocol.REPLY:
+                    return
+        finally:
+            self._waiting.pop(rid, None)
+
+    def cancel(self, rid: bytes) -> None:
+        """The client went away: the controller drops the request if it is still queued, and
+        the coroutine awaiting it gets :class:`ClientGone` (a stream just ends)."""
+        waiter = self._waiting.pop(rid, None)
+        if type(waiter) is asyncio.Queue:
+            waiter.put_nowait(None)
+        elif waiter is not None and not waiter.done():
+            waiter.set_exception(ClientGone())
+        if self._sock is not None:
+            self._sock.send_multipart([protocol.CANCEL, rid])
 
     async def manage(self, op: str, args: dict[str, Any], token: str | None, timeout: float,
                      api: str = protocol.API_MANAGEMENT) -> Reply:

@@ -1,22 +1,20 @@
-"""The frontend's line to the controller: one DEALER socket per frontend process.
+"""The management frontend's line to the controller: one DEALER socket per gunicorn worker.
 
 Any number of greenlets (one per HTTP request) send on the shared socket; a single reader
 greenlet receives replies and wakes the greenlet waiting on that request id. The frontend keeps
-no other state.
+no other state. The asyncio frontends have their own (``async_bridge.py``); the answer types
+both use live here.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from typing import Any
 
 import gevent
 import zmq.green as zmq
-from gevent.event import AsyncResult, Event
-from gevent.queue import Empty, Queue
-from gevent.socket import wait_read
+from gevent.event import AsyncResult
 
 from mservd import protocol
 
@@ -27,11 +25,6 @@ class ControllerGone(Exception):
 
 class ClientGone(Exception):
     """The HTTP client closed its connection before its answer was ready."""
-
-
-# Most answers come sooner than this; only requests that wait longer pay for a watcher on the
-# client's socket, so a client that goes away stops holding a place in the queue.
-PATIENCE = 0.05
 
 
 class Reply:
@@ -75,107 +68,26 @@ class Bridge:
         sock = self._sock
         while True:
             frames = sock.recv_multipart()
-            if len(frames) < 4 or frames[0] not in (protocol.REPLY, protocol.CHUNK):
-                continue
-            waiter = self._waiting.get(frames[1])
-            if waiter is None:
-                continue  # the client gave up; the answer has nowhere to go
-            if frames[0] == protocol.REPLY:
-                del self._waiting[frames[1]]
-                if type(waiter) is AsyncResult:
-                    waiter.set(frames)
-                else:
-                    waiter.put(frames)  # the end of a streamed answer
-            elif type(waiter) is AsyncResult:  # the first streamed part: switch to a queue
-                parts = Queue()
-                parts.put(frames)
-                self._waiting[frames[1]] = parts
-                waiter.set(parts)
-            else:
-                waiter.put(frames)
+            if len(frames) < 4 or frames[0] != protocol.REPLY:
+                continue  # management answers are never streamed
+            waiter = self._waiting.pop(frames[1], None)
+            if waiter is not None:
+                waiter.set(frames)
 
-    def call(self, rid: bytes, frames: list[bytes], timeout: float,
-             client: socket.socket | None = None, stream: bool = False) -> Reply:
-        """Send a request and wait for its answer; with ``client``, give up if it goes away.
-
-        A handler may stream: with ``stream`` the reply carries the later parts as an iterator
-        (see :meth:`_parts`); without, the intermediate parts are dropped and the final answer
-        is returned.
-        """
+    def call(self, rid: bytes, frames: list[bytes], timeout: float) -> Reply:
+        """Send a request and wait for its answer."""
         sock = self._socket()
         waiter = AsyncResult()
         self._waiting[rid] = waiter
-        streaming = False
         try:
             sock.send_multipart(frames)
-            try:
-                got = waiter.get(timeout=PATIENCE if client is not None else timeout)
-            except gevent.Timeout:
-                if client is None:
-                    raise
-                got = self._wait_watching(rid, waiter, client, timeout - PATIENCE)
-            if type(got) is Queue:
-                if stream:
-                    first = got.get()
-                    streaming = True
-                    status, content_type, headers = protocol.unpack_reply(first[2])
-                    return Reply(status, content_type, headers, first[3],
-                                 self._parts(rid, got, first, timeout))
-                got = self._last_part(got, timeout)
-        except (gevent.Timeout, Empty):
+            got = waiter.get(timeout=timeout)
+        except gevent.Timeout:
             raise ControllerGone(f"No answer from the controller within {timeout:.0f} s.") from None
         finally:
-            if not streaming:
-                self._waiting.pop(rid, None)
+            self._waiting.pop(rid, None)
         status, content_type, headers = protocol.unpack_reply(got[2])
         return Reply(status, content_type, headers, got[3])
-
-    @staticmethod
-    def _last_part(parts: Queue, timeout: float) -> list[bytes]:
-        while True:
-            got = parts.get(timeout=timeout)
-            if got[0] == protocol.REPLY:
-                return got
-
-    def _parts(self, rid: bytes, parts: Queue, first: list[bytes], timeout: float):
-        """The bodies of a streamed answer after the first; ends with the final answer's."""
-        try:
-            if first[0] == protocol.REPLY:
-                return
-            while True:
-                try:
-                    got = parts.get(timeout=timeout)
-                except Empty:
-                    return  # the worker went quiet: the stream just ends
-                yield got[3]
-                if got[0] == protocol.REPLY:
-                    return
-        finally:
-            self._waiting.pop(rid, None)
-
-    def _wait_watching(self, rid: bytes, waiter: AsyncResult, client: socket.socket,
-                       timeout: float) -> list[bytes]:
-        gone = Event()
-
-        def watch() -> None:
-            try:
-                wait_read(client.fileno())
-                if client.recv(1, socket.MSG_PEEK) == b"":
-                    gone.set()
-            except OSError:
-                gone.set()
-
-        watcher = gevent.spawn(watch)
-        try:
-            gevent.wait([waiter, gone], count=1, timeout=timeout)
-        finally:
-            watcher.kill(block=False)
-        if waiter.ready():
-            return waiter.get()
-        if gone.is_set():
-            self._sock.send_multipart([protocol.CANCEL, rid])
-            raise ClientGone()
-        raise gevent.Timeout()
 
     def manage(self, op: str, args: dict[str, Any], token: str | None, timeout: float,
                api: str = protocol.API_MANAGEMENT) -> Reply:

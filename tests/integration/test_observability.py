@@ -36,8 +36,8 @@ def test_metrics_count_a_known_mix_of_requests(daemon_factory) -> None:
     assert m[f"mservd_queue_latency_seconds_count{labels}"] == 8
     assert m[f"mservd_batch_size_count{labels}"] == 8
     assert m[f"mservd_batch_size_sum{labels}"] == 8
-    assert m[f'mservd_request_latency_seconds_bucket{{le="+Inf",model_name="echo",'
-             f'model_version="1.0"}}'] == 8
+    assert m['mservd_request_latency_seconds_bucket{le="+Inf",model_name="echo",'
+             'model_version="1.0"}'] == 8
     assert m[f"ts_inference_latency_microseconds{labels}"] > 0
     assert m[f"mservd_live_workers{labels}"] == 1
     assert m[f"mservd_pending_requests{labels}"] == 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 
 import psutil
-
 from conftest import Daemon
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from mservd.frontends.grpc.bridge import AsyncBridge
+from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.grpc.generated import (
     grpc_predict_v2_pb2_grpc,
     inference_pb2_grpc,

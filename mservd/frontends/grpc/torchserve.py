@@ -13,8 +13,8 @@ import grpc
 
 from mservd import protocol
 from mservd.errors import error_message
+from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import ControllerGone, Reply
-from mservd.frontends.grpc.bridge import AsyncBridge
 from mservd.frontends.grpc.errors import status_code
 from mservd.frontends.grpc.generated import (
     inference_pb2,

@@ -19,8 +19,8 @@ import numpy as np
 
 from mservd import __version__, protocol
 from mservd.errors import error_message
+from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import ControllerGone
-from mservd.frontends.grpc.bridge import AsyncBridge
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2 as pb
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2_grpc as pb_grpc
 from mservd.frontends.grpc.torchserve import ask, bearer_token, forwarded_metadata

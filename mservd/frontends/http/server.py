@@ -1,8 +1,9 @@
-"""The HTTP frontend process: gunicorn with gevent workers serving the three APIs.
+"""The management and metrics frontend: gunicorn with gevent workers, Flask for management.
 
-The controller binds the listening sockets (so it knows the ports, even port 0) and passes them
-to this process; gunicorn's workers share them. One WSGI callable dispatches by the port a
-connection arrived on: inference (the bare WSGI hot path), management (Flask), metrics.
+The daemon binds the listening sockets (so it knows the ports, even port 0) and passes them to
+this process; gunicorn's workers share them. One WSGI callable dispatches by the port a
+connection arrived on: management (Flask) or metrics. The inference port, the hot path, has
+its own server processes (``inference_server.py``).
 
 Run as ``python -m mservd.frontends.http.server SPEC_JSON``; the daemon writes the spec.
 """
@@ -19,7 +20,6 @@ from gunicorn.app.base import BaseApplication
 
 from mservd.errors import ResourceNotFound
 from mservd.frontends.bridge import Bridge
-from mservd.frontends.http.inference import InferenceApp
 from mservd.frontends.http.management import create_management_app
 from mservd.frontends.http.metrics import MetricsApp
 from mservd.frontends.http.responses import respond_error
@@ -38,7 +38,6 @@ def build_app(spec: dict[str, Any]) -> Callable:
     auth = spec["auth"]
     reply_timeout = float(spec["reply_timeout"])
     apps = {
-        "inference": InferenceApp(bridge, spec["max_request_size"], reply_timeout, auth),
         "management": create_management_app(bridge, reply_timeout, auth),
         "metrics": MetricsApp(bridge, 30.0),
     }

@@ -1,0 +1,127 @@
+"""The inference port's own HTTP server: pipelining, hostile requests, idle connections, and
+overload refused at once instead of queued."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, store):
+    from conftest import Daemon
+
+    daemon = Daemon(tmp_path_factory.mktemp("inference-server"), store,
+                    {"load_models": "echo.mar"})
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+def connect(daemon) -> socket.socket:
+    url = urlsplit(daemon.url("inference", "/"))
+    return socket.create_connection((url.hostname, url.port), timeout=30)
+
+
+def read_answers(sock: socket.socket, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """``count`` HTTP/1.1 answers with Content-Length bodies, in the order they came."""
+    data = b""
+    answers = []
+    while len(answers) < count:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {len(answers)} answers"
+            data += chunk
+        head, data = data.split(b"\r\n\r\n", 1)
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+        length = int(headers["content-length"])
+        while len(data) < length:
+            data += sock.recv(65536)
+        answers.append((int(status_line.split()[1]), headers, data[:length]))
+        data = data[length:]
+    return answers
+
+
+def post(path: str, body: bytes, key: str | None) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {key}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def test_pipelined_requests_on_one_connection_are_answered_in_order(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar", "default_workers_per_model": 2})
+    with connect(daemon) as sock:
+        bodies = [json.dumps({"n": n, "sleep": 0.2 if n == 0 else 0}).encode() for n in range(3)]
+        key = daemon.key("inference")
+        sock.sendall(b"".join(post("/predictions/echo", body, key) for body in bodies))
+        answers = read_answers(sock, 3)
+    assert [status for status, _, _ in answers] == [200, 200, 200]
+    assert [json.loads(body)["echo"]["n"] for _, _, body in answers] == [0, 1, 2]
+
+
+def test_a_malformed_request_gets_a_json_400_and_the_connection_closes(daemon) -> None:
+    with connect(daemon) as sock:
+        sock.sendall(b"POST /predictions/echo HTTP/1.1\r\nContent-Length: nope\r\n\r\n")
+        [(status, headers, body)] = read_answers(sock, 1)
+        assert sock.recv(1) == b""
+    assert status == 400
+    assert headers["content-type"] == "application/json"
+    assert json.loads(body)["type"] == "BadRequestException"
+
+
+def test_an_overlong_url_is_414_and_oversized_headers_431_both_as_json(daemon) -> None:
+    for request, code in [
+        (f"GET /{'a' * 9000} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), 414),
+        (b"GET /ping HTTP/1.1\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 1000)
+                                              for i in range(80)) + b"\r\n", 431),
+    ]:
+        with connect(daemon) as sock:
+            sock.sendall(request)
+            [(status, headers, body)] = read_answers(sock, 1)
+        assert status == code
+        assert json.loads(body)["code"] == code
+
+
+def test_a_silent_connection_is_closed_after_the_keepalive_time(daemon) -> None:
+    with connect(daemon) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        [(status, _, _)] = read_answers(sock, 1)
+        assert status == 200
+        started = time.monotonic()
+        assert sock.recv(1) == b""  # the server hung up on the idle connection
+    assert 3.0 < time.monotonic() - started < 15.0
+
+
+def test_a_queue_that_stands_still_refuses_new_requests_at_once(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar", "batch_size": 1,
+                             "max_queue_wait_ms": 100})
+    slow = []
+
+    def send(body: dict) -> None:
+        slow.append(daemon.predict("echo", json=body, timeout=60))
+
+    threads = [threading.Thread(target=send, args=({"sleep": 1.5, "n": n},)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.1)
+    time.sleep(0.3)  # the second request has now waited well past 100 ms behind the first
+    started = time.monotonic()
+    refused = daemon.predict("echo", json={"n": "late"})
+    took = time.monotonic() - started
+    for thread in threads:
+        thread.join()
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["Retry-After"] == "1"
+    assert "overloaded" in refused.json()["message"]
+    assert took < 1.0  # refused, not queued behind 1.5 s of work
+    assert sorted(answer.status_code for answer in slow) == [200, 200]  # the queued still run
+    after = daemon.predict("echo", json={"n": "after"})
+    assert after.status_code == 200  # the queue moved again: requests are taken again
+    assert requests.get(daemon.url("inference", "/ping"), timeout=10).status_code == 200
