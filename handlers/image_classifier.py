@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torchvision import transforms
 
+from handlers import image_transforms as transforms
 from handlers.labels import map_class_to_label
 from handlers.vision_handler import VisionHandler
 

@@ -10,8 +10,8 @@ import logging
 from typing import Any
 
 import torch
-from torchvision import transforms
 
+from handlers import image_transforms as transforms
 from handlers.vision_handler import VisionHandler
 
 logger = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from collections.abc import Hashable
 from typing import Any
 
 import torch
-from torchvision import transforms
 
+from handlers import image_transforms as transforms
 from handlers.labels import label_for
 from handlers.vision_handler import VisionHandler
 

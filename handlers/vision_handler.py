@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 from PIL import Image, UnidentifiedImageError
-from torchvision import transforms
 
+from handlers import image_transforms as transforms
 from handlers.batching import BatchedHandler
 from handlers.context import Context
 from handlers.errors import BadInputError

@@ -56,7 +56,6 @@ PRELOAD = (
 # torch._dynamo, about 3 s and 90 MiB): the zygote imports one before forking that model's
 # workers, so they share it, and a model that never uses it does not wait for it.
 SHARED_LIBRARIES = ("torchvision", "torchaudio", "transformers", "timm")
-VISION_BUILTINS = ("image_classifier", "image_segmenter", "object_detector")
 MAX_MESSAGE = 1 << 20
 
 
@@ -220,12 +219,11 @@ def preload() -> None:
 
 
 def libraries_for(spec: dict[str, Any]) -> list[str]:
-    """The :data:`SHARED_LIBRARIES` the model's handler and code files import."""
+    """The :data:`SHARED_LIBRARIES` the model's handler and code files import (the built-in
+    handlers import none of them)."""
     if spec.get("install_py_dep_per_model"):
         return []  # its own requirements may pin another version: the worker imports its own
     found = set()
-    if (spec.get("handler") or "").partition(":")[0] in VISION_BUILTINS:
-        found.add("torchvision")
     for path in Path(spec.get("model_dir") or ".").glob("*.py"):
         try:
             tree = ast.parse(path.read_bytes())

@@ -1,4 +1,5 @@
-"""Build ``resnet18.mar``: torchvision's ResNet-18 with seeded random weights (nothing downloaded).
+"""Build ``resnet18.mar``: ResNet-18 (torchvision's architecture in plain torch) with seeded
+random weights (nothing downloaded).
 
 The weights and ``index_to_name.json`` (``class_<i>``) are made here at build time, so nothing
 large is committed. Served by the built-in ``image_classifier``; the predictions are meaningless,

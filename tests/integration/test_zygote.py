@@ -30,13 +30,22 @@ def test_every_worker_is_a_fork_of_the_one_zygote(daemon_factory) -> None:
         assert "libtorch_cpu" in maps(pid)
 
 
-def test_a_model_that_does_not_use_torchvision_never_loads_it(daemon_factory) -> None:
-    daemon = daemon_factory({"load_models": "tiny.mar,resnet18.mar"})
-    [tiny] = daemon.worker_pids("tiny")
-    [resnet] = daemon.worker_pids("resnet18")
-    assert "torchvision" not in maps(tiny)
-    assert "torchvision" in maps(resnet)
-    assert "torchvision" in maps(zygote_of(daemon).pid)  # imported once, shared by the fork
+def test_torchvision_is_imported_once_in_the_zygote_only_for_models_that_use_it(
+        daemon_factory, store) -> None:
+    from conftest import write_archive
+
+    write_archive(store, "visionuser", "uses_torchvision.py")
+    daemon = daemon_factory({"load_models": "tiny.mar,resnet18.mar"},
+                            args=("--enable-model-api",))
+    zygote = zygote_of(daemon)
+    for pid in daemon.worker_pids("tiny") | daemon.worker_pids("resnet18") | {zygote.pid}:
+        assert "torchvision" not in maps(pid)  # the built-in image_classifier needs none
+    answer = daemon.manage("POST", "/models", params={"url": "visionuser.mar"})
+    assert answer.status_code == 200, answer.text
+    [user] = daemon.worker_pids("visionuser")
+    assert "torchvision" in maps(zygote.pid)  # imported before the fork, shared with it
+    assert "torchvision" in maps(user)
+    assert daemon.predict("visionuser", json={}).json() == {"torchvision": True}
 
 
 def test_a_killed_zygote_takes_its_workers_and_both_come_back(daemon_factory) -> None:

@@ -11,9 +11,9 @@ def spec(model_dir: Path, handler: str = "handler.py", **extra) -> dict:
     return {"model_dir": str(model_dir), "handler": handler, **extra}
 
 
-def test_a_vision_builtin_handler_gets_torchvision(tmp_path: Path) -> None:
-    assert libraries_for(spec(tmp_path, "image_classifier")) == ["torchvision"]
-    assert libraries_for(spec(tmp_path, "object_detector:handle")) == ["torchvision"]
+def test_the_builtin_handlers_need_no_shared_library(tmp_path: Path) -> None:
+    assert libraries_for(spec(tmp_path, "image_classifier")) == []
+    assert libraries_for(spec(tmp_path, "object_detector:handle")) == []
 
 
 def test_imports_in_the_model_code_are_found_by_their_top_package(tmp_path: Path) -> None:
