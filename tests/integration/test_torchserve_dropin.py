@@ -382,3 +382,21 @@ def test_torchserve_entry_starts_models_block_config(tmp_path_factory, ts_store:
     assert "stopped" in stopped.stdout + stopped.stderr
     assert pid is not None
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_grpc_stream_predictions_relays_every_part_as_it_comes(ts_daemon: Daemon) -> None:
+    import grpc
+
+    from mservd.frontends.grpc.generated import inference_pb2, inference_pb2_grpc
+
+    channel = grpc.insecure_channel(ts_daemon.grpc_address("inference"))
+    stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+    key = (("authorization", f"Bearer {ts_daemon.key('inference')}"),)
+    started = time.monotonic()
+    arrivals = []
+    for response in stub.StreamPredictions(inference_pb2.PredictionsRequest(
+            model_name="stream", input={"data": b"go"}), metadata=key, timeout=60):
+        arrivals.append((response.prediction, time.monotonic() - started))
+    assert [part for part, _ in arrivals] == [b"part0 ", b"part1 ", b"part2 ", b"final"]
+    assert arrivals[0][1] < arrivals[-1][1] - 0.6  # the first part came before the handler ended
+    channel.close()

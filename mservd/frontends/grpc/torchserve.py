@@ -77,6 +77,19 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
         return inference_pb2.TorchServeHealthResponse(health=reply.body.decode())
 
     async def Predictions(self, request, context):
+        reply = await self._predict(request, context, stream=False)
+        return inference_pb2.PredictionResponse(prediction=reply.body)
+
+    async def StreamPredictions(self, request, context):
+        """One response per part a streaming handler sends, the final answer last (TorchServe's
+        send_intermediate_predict_response); one response for any other handler."""
+        reply = await self._predict(request, context, stream=True)
+        yield inference_pb2.PredictionResponse(prediction=reply.body)
+        if reply.stream is not None:
+            async for body in reply.stream:
+                yield inference_pb2.PredictionResponse(prediction=body)
+
+    async def _predict(self, request, context, stream: bool) -> Reply:
         if not request.model_name:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "PredictionsRequest.model_name is required.")
@@ -92,12 +105,7 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
         meta = protocol.pack_meta([(n, "application/octet-stream") for n in names],
                                   forwarded_metadata(context), False)
         frames = protocol.predict_frames(route, meta, [request.input[n] for n in names])
-        reply = await ask(context, self.bridge.call(rid, frames, self.reply_timeout))
-        return inference_pb2.PredictionResponse(prediction=reply.body)
-
-    async def StreamPredictions(self, request, context):
-        # mservd relays no intermediate chunks over gRPC: the stream carries the final answer
-        yield await self.Predictions(request, context)
+        return await ask(context, self.bridge.call(rid, frames, self.reply_timeout, stream))
 
 
 class ManagementAPIs(management_pb2_grpc.ManagementAPIsServiceServicer):

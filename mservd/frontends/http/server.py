@@ -1,95 +1,482 @@
-"""The management and metrics frontend: gunicorn with gevent workers, Flask for management.
+"""The inference API's HTTP server: asyncio and httptools, one process per frontend worker.
 
-The daemon binds the listening sockets (so it knows the ports, even port 0) and passes them to
-this process; gunicorn's workers share them. One WSGI callable dispatches by the port a
-connection arrived on: management (Flask) or metrics. The inference port, the hot path, has
-its own server processes (``inference_server.py``).
+The inference port is the hot path. Under gunicorn most of a prediction's CPU went to Python
+HTTP parsing, greenlet switches and log formatting, and new connections waited behind busy
+workers. Here a connection is an asyncio protocol fed by httptools (a C parser); a prediction
+goes to the controller over the asyncio bridge without leaving the event loop; and a refusal
+under overload costs microseconds, so shedding load actually frees the CPU it is meant to.
 
-Run as ``python -m mservd.frontends.http.server SPEC_JSON``; the daemon writes the spec.
+One request, socket to answer: :class:`Connection` parses it (requests pipelined behind it
+wait their turn, so answers go out in order, and a client that hangs up is noticed at once); :meth:`InferenceServer.handle` sheds it or routes it —
+``/predictions`` and ``/explanations`` to :meth:`InferenceServer.predict`, everything else on
+this port (ping, KServe v1, Open Inference Protocol v2, OpenAPI) to the WSGI app in
+``inference.py``, run on a thread with a blocking view of the same bridge — then writes the
+answer and one access-log line.
+
+Run as ``python -m mservd.frontends.http.inference_server SPEC_JSON``; the daemon writes the
+spec and passes the listening socket.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import concurrent.futures
+import io
 import json
+import logging
 import os
 import signal
+import socket
 import sys
-from typing import Any, Callable
+import time
+import uuid
+from typing import Any
 
-from gunicorn.app.base import BaseApplication
+import httptools
 
-from mservd.errors import ResourceNotFound
-from mservd.frontends.bridge import Bridge
-from mservd.frontends.http.management import create_management_app
-from mservd.frontends.http.metrics import MetricsApp
-from mservd.frontends.http.responses import respond_error
+from mservd import protocol
+from mservd.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    MservdError,
+    NoWorker,
+    RequestTooLarge,
+    ResourceNotFound,
+)
+from mservd.frontends.async_bridge import AsyncBridge
+from mservd.frontends.bridge import ClientGone, ControllerGone, Reply
+from mservd.frontends.http.access_log import AccessLog
+from mservd.frontends.http.inference import (
+    InferenceApp,
+    forwarded_headers,
+    parse_inputs,
+    request_timeout_ms,
+)
+from mservd.frontends.http.responses import status_line
+from mservd.frontends.http.shedding import Shedder
 from mservd.lifeline import die_with_parent
 
-# One line per request: time, client, method and path, status, latency, request id.
-ACCESS_FORMATS = {
-    "plain": '%(t)s %(h)s "%(r)s" %(s)s %(D)sus %({x-request-id}o)s',
-    "json": '{"time": "%(t)s", "client": "%(h)s", "method": "%(m)s", "path": "%(U)s", '
-            '"status": %(s)s, "latency_us": %(D)s, "request_id": "%({x-request-id}o)s"}',
-}
+log = logging.getLogger("mservd.frontends.http")
+
+MAX_PIPELINED = 16  # requests parsed ahead of their turn on one connection before reading pauses
+KEEPALIVE = 5.0  # seconds a connection may sit silent between requests (gunicorn's default)
+MAX_URL = 8192
+MAX_HEADER_BYTES = 65536
+PREDICTION_PREFIXES = ("/predictions/", "/explanations/")
 
 
-def build_app(spec: dict[str, Any]) -> Callable:
-    bridge = Bridge(spec["controller"])
-    auth = spec["auth"]
-    reply_timeout = float(spec["reply_timeout"])
-    apps = {
-        "management": create_management_app(bridge, reply_timeout, auth),
-        "metrics": MetricsApp(bridge, 30.0),
-    }
-    by_port = {str(port): apps[api] for api, port in spec["ports"].items()}
+class Request:
+    __slots__ = ("method", "url", "path", "query", "version", "headers", "body", "keep_alive",
+                 "started", "client")
 
-    def dispatch(environ: dict[str, Any], start_response: Callable):
-        app = by_port.get(environ.get("SERVER_PORT", ""))
-        if app is None:
-            return respond_error(start_response, ResourceNotFound("Unknown listener."))
-        return app(environ, start_response)
+    def __init__(self, method: str, url: bytes, version: str, headers: dict[str, str],
+                 body: bytes, keep_alive: bool, client: str) -> None:
+        self.method = method
+        self.url = url
+        parsed = httptools.parse_url(url)
+        self.path = (parsed.path or b"/").decode("latin-1")
+        self.query = (parsed.query or b"").decode("latin-1")
+        self.version = version
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+        self.started = time.perf_counter()
+        self.client = client
 
-    return dispatch
+
+class Connection(asyncio.Protocol):
+    """One client connection: parse requests, hand each to the server, write answers in order."""
+
+    def __init__(self, server: InferenceServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.client = "-"
+        self.closed = False
+        self.busy = False  # a request is being answered (reading goes on: a hang-up is seen)
+        self.queued: collections.deque[Request] = collections.deque()  # pipelined behind it
+        self.rid: bytes | None = None  # the prediction awaiting the controller, if any
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.header_bytes = 0
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.refused: MservdError | None = None
+
+    # -- asyncio ---------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.client = peer[0] if peer else "-"
+        self.server.connections.add(self)
+        self._arm_idle_timer()
+
+    def _arm_idle_timer(self) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+        self.idle_timer = self.server.loop.call_later(KEEPALIVE, self._close_if_idle)
+
+    def _close_if_idle(self) -> None:
+        if not self.busy and self.transport is not None:
+            self.transport.close()  # silent too long, mid-request or between requests
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+        if self.rid is not None:  # gone before its answer: the controller drops it if queued
+            log.info("client went away before request %s was answered", self.rid.decode())
+            self.server.bridge.cancel(self.rid)
+
+    def data_received(self, data: bytes) -> None:
+        self._arm_idle_timer()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.fail(BadRequest("Protocol upgrades are not supported."))
+        except httptools.HttpParserError as exc:
+            self.fail(BadRequest(f"Malformed HTTP request: {exc}."))  # or what refuse() chose
+
+    # -- httptools callbacks ---------------------------------------------------------------
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > MAX_URL:
+            self.refuse(MservdError(f"The request URL is longer than {MAX_URL} bytes."), 414,
+                        "URITooLong")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value)
+        if self.header_bytes > MAX_HEADER_BYTES:
+            self.refuse(MservdError(f"The request headers exceed {MAX_HEADER_BYTES} bytes."),
+                        431, "RequestHeaderFieldsTooLarge")
+            return
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        previous = self.headers.get(key)
+        self.headers[key] = f"{previous}, {text}" if previous is not None else text
+
+    def on_headers_complete(self) -> None:
+        length = self.headers.get("content-length")
+        limit = self.server.max_request_size
+        if length is not None and length.isdigit() and int(length) > limit:
+            self.refuse(RequestTooLarge(f"Request body of {length} bytes exceeds "
+                                        f"max_request_size ({limit})."))
+        elif self.headers.get("expect", "").lower() == "100-continue" and self.transport:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self.body_size += len(body)
+        if self.body_size > self.server.max_request_size:
+            self.refuse(RequestTooLarge(
+                f"Request body exceeds max_request_size ({self.server.max_request_size})."))
+            return
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        parser = self.parser
+        request = Request(parser.get_method().decode("latin-1"), self.url,
+                          parser.get_http_version(), self.headers, b"".join(self.body),
+                          parser.should_keep_alive(), self.client)
+        self._reset()
+        if self.busy:  # pipelined behind the one being answered: answers stay in order
+            self.queued.append(request)
+            if len(self.queued) >= MAX_PIPELINED and self.transport is not None:
+                self.transport.pause_reading()  # enough buffered; the client can wait
+            return
+        self.busy = True
+        asyncio.ensure_future(self.server.handle(self, request))
+
+    # -- answers ---------------------------------------------------------------------------
+
+    def refuse(self, exc: MservdError, status: int | None = None, type_: str | None = None) -> None:
+        """A request too big to read: answer it and close, without reading the rest."""
+        self.refused = exc
+        if status is not None:
+            exc.http_status, exc.type = status, type_ or exc.type
+        raise httptools.HttpParserError(exc.message)
+
+    def fail(self, exc: MservdError) -> None:
+        exc = self.refused or exc
+        body = exc.to_body()
+        self.write(exc.http_status, [("Content-Type", "application/json")], body, False)
+        self.server.access.write(self.client, "-", "-", "-", exc.http_status,
+                                 time.perf_counter(), "-")
+
+    def write(self, status: int, headers: list[tuple[str, str]], body: bytes,
+              keep_alive: bool) -> None:
+        if self.closed or self.transport is None:
+            return
+        head = [f"HTTP/1.1 {status_line(status)}\r\n"]
+        head.extend(f"{name}: {value}\r\n" for name, value in headers)
+        head.append(f"Content-Length: {len(body)}\r\n")
+        if not keep_alive:
+            head.append("Connection: close\r\n")
+        head.append("\r\n")
+        self.transport.write("".join(head).encode("latin-1") + body)
+        self.finish(keep_alive)
+
+    def finish(self, keep_alive: bool) -> None:
+        self.busy = False
+        if self.closed or self.transport is None:
+            return
+        if not keep_alive or self.server.stopping:
+            self.transport.close()
+        elif self.queued:
+            self.busy = True
+            asyncio.ensure_future(self.server.handle(self, self.queued.popleft()))
+            if len(self.queued) < MAX_PIPELINED:
+                self.transport.resume_reading()
+        else:
+            self._arm_idle_timer()
 
 
-class FrontendServer(BaseApplication):
-    def __init__(self, spec: dict[str, Any]) -> None:
+class ThreadBridge:
+    """The asyncio bridge seen from a WSGI thread: the blocking calls the WSGI app makes."""
+
+    def __init__(self, bridge: AsyncBridge, loop: asyncio.AbstractEventLoop) -> None:
+        self.bridge = bridge
+        self.loop = loop
+
+    def call(self, rid: bytes, frames: list[bytes], timeout: float, client: Any = None,
+             stream: bool = False) -> Reply:
+        future = asyncio.run_coroutine_threadsafe(self.bridge.call(rid, frames, timeout),
+                                                  self.loop)
+        return future.result(timeout + 5)
+
+    def manage(self, op: str, args: dict[str, Any], token: str | None, timeout: float,
+               api: str = protocol.API_MANAGEMENT) -> Reply:
+        future = asyncio.run_coroutine_threadsafe(
+            self.bridge.manage(op, args, token, timeout, api), self.loop)
+        return future.result(timeout + 5)
+
+
+class InferenceServer:
+    def __init__(self, spec: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
         self.spec = spec
-        super().__init__()
+        self.loop = loop
+        self.bridge = AsyncBridge(spec["controller"])
+        self.max_request_size = int(spec["max_request_size"])
+        self.reply_timeout = float(spec["reply_timeout"])
+        self.auth = bool(spec["auth"])
+        self.port = str(spec["port"])
+        self.shedder = Shedder(float(spec.get("shed_delay_ms", 0)), loop)
+        self.access = AccessLog(spec.get("accesslog"), spec.get("log_format", "plain"))
+        self.wsgi = InferenceApp(ThreadBridge(self.bridge, loop), self.max_request_size,
+                                 self.reply_timeout, self.auth)
+        self.threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=16, thread_name_prefix="inference-wsgi")
+        self.connections: set[Connection] = set()
+        self.stopping = False
 
-    def load_config(self) -> None:
-        spec = self.spec
-        settings = {
-            "bind": [f"fd://{fd}" for fd in spec["fds"]],
-            "workers": spec["workers"],
-            "worker_class": "gevent",
-            "worker_connections": spec["connections"],
-            "graceful_timeout": int(spec["graceful_timeout"]),
-            "timeout": 0,
-            "keepalive": 5,  # an idle keep-alive connection holds up a graceful stop this long
-            "backlog": 2048,
-            "errorlog": spec["errorlog"],
-            "accesslog": spec["accesslog"],
-            "access_log_format": ACCESS_FORMATS[spec.get("log_format", "plain")],
-            "loglevel": spec.get("log_level", "info").lower(),
-            "proc_name": "mservd-frontend",
-            "limit_request_field_size": 16384,
+    async def handle(self, conn: Connection, request: Request) -> None:
+        status, rid = 500, "-"
+        try:
+            if request.path.startswith(PREDICTION_PREFIXES):
+                status, rid = await self.predict(conn, request)
+            else:
+                status, rid = await self.run_wsgi(conn, request)
+        except MservdError as exc:
+            status = exc.http_status
+            self.answer_error(conn, request, exc)
+        except ControllerGone as exc:
+            status = 503
+            self.answer_error(conn, request, NoWorker(str(exc)))
+        except Exception:  # a bug must cost one answer, never the connection's loop
+            log.exception("inference request %s %s failed", request.method, request.path)
+            self.answer_error(conn, request, MservdError("Internal error; see frontend.log."))
+        self.access.write(request.client, request.method, request.url.decode("latin-1"),
+                          request.version, status, request.started, rid)
+
+    def answer_error(self, conn: Connection, request: Request, exc: MservdError) -> None:
+        headers = [("Content-Type", "application/json"), *exc.headers.items()]
+        if exc.http_status == 401:
+            headers.append(("WWW-Authenticate", "Bearer"))
+        conn.write(exc.http_status, headers, exc.to_body(), request.keep_alive)
+
+    # -- the hot path ----------------------------------------------------------------------
+
+    async def predict(self, conn: Connection, request: Request) -> tuple[int, str]:
+        if request.method not in ("POST", "PUT"):
+            raise MethodNotAllowed(f"Method {request.method} is not allowed on {request.path}; "
+                                   "use POST.")
+        parts = request.path.split("/")
+        if len(parts) not in (3, 4) or not parts[2]:
+            raise ResourceNotFound(f"Requested resource is not found: {request.path}. "
+                                   "Use /predictions/{model_name}[/{version}].")
+        self.shedder.check()
+        model = parts[2]
+        version = parts[3] if len(parts) == 4 and parts[3] else None
+        headers = request.headers
+        inputs, payloads = parse_inputs(headers.get("content-type", ""), request.body)
+        forwarded = forwarded_headers(headers)
+        explain = parts[1] == "explanations"
+        if explain:
+            forwarded["explain"] = "True"
+        rid_text = str(uuid.uuid4())
+        rid = rid_text.encode()
+        route = protocol.Route(rid, model, version,
+                               bearer_token(headers) if self.auth else None,
+                               protocol.API_INFERENCE,
+                               request_timeout_ms(headers.get("x-request-timeout-ms")))
+        frames = protocol.predict_frames(route, protocol.pack_meta(inputs, forwarded, explain),
+                                         payloads)
+        conn.rid = rid
+        self.shedder.busy += 1
+        try:
+            reply = await self.bridge.call(rid, frames, self.reply_timeout, stream=True)
+        except ClientGone:
+            return 499, rid_text  # nobody to answer; connection_lost logged it
+        finally:
+            conn.rid = None
+            self.shedder.busy -= 1
+        out = [("Content-Type", reply.content_type), ("x-request-id", rid_text)]
+        if reply.headers:
+            out.extend(reply.headers.items())
+        if reply.status == 401:
+            out.append(("WWW-Authenticate", "Bearer"))
+        if reply.stream is None:
+            conn.write(reply.status, out, reply.body, request.keep_alive)
+        else:
+            await self.write_stream(conn, request, reply, out)
+        return reply.status, rid_text
+
+    @staticmethod
+    async def write_stream(conn: Connection, request: Request, reply: Reply,
+                           headers: list[tuple[str, str]]) -> None:
+        """A streamed answer, as TorchServe sends it: one HTTP chunk per intermediate answer,
+        the final one last. Status and headers are the first part's."""
+        transport = conn.transport
+        head = [f"HTTP/1.1 {status_line(reply.status)}\r\n"]
+        head.extend(f"{name}: {value}\r\n" for name, value in headers)
+        head.append("Transfer-Encoding: chunked\r\n\r\n")
+        if conn.closed or transport is None:
+            return
+        transport.write("".join(head).encode("latin-1"))
+        bodies = [reply.body] if reply.body else []
+        async for body in _with_first(bodies, reply.stream):
+            if body and not conn.closed:  # an empty chunk would end the body early
+                transport.write(b"%x\r\n%s\r\n" % (len(body), body))
+        if not conn.closed:
+            transport.write(b"0\r\n\r\n")
+        conn.finish(request.keep_alive)
+
+    # -- the rest of the inference API -----------------------------------------------------
+
+    async def run_wsgi(self, conn: Connection, request: Request) -> tuple[int, str]:
+        if request.path.startswith(("/v1/models", "/v2")) and (
+                request.path.endswith((":predict", ":explain", "/infer"))):
+            self.shedder.check()
+        environ = self.environ(request)
+        status, headers, body = await self.loop.run_in_executor(
+            self.threads, _call_wsgi, self.wsgi, environ)
+        rid = next((v for k, v in headers if k.lower() == "x-request-id"), "-")
+        headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+        conn.write(status, headers, body, request.keep_alive)
+        return status, rid
+
+    def environ(self, request: Request) -> dict[str, Any]:
+        environ = {
+            "REQUEST_METHOD": request.method,
+            "PATH_INFO": request.path,
+            "QUERY_STRING": request.query,
+            "SERVER_PORT": self.port,
+            "SERVER_PROTOCOL": f"HTTP/{request.version}",
+            "REMOTE_ADDR": request.client,
+            "CONTENT_LENGTH": str(len(request.body)),
+            "wsgi.input": io.BytesIO(request.body),
+            "wsgi.url_scheme": "http",
         }
-        if "control_socket_disable" in self.cfg.settings:
-            settings["control_socket_disable"] = True  # one gunicorn.ctl per user would clash
-        for key, value in settings.items():
-            self.cfg.set(key, value)
+        for name, value in request.headers.items():
+            if name == "content-type":
+                environ["CONTENT_TYPE"] = value
+            elif name != "content-length":
+                environ["HTTP_" + name.upper().replace("-", "_")] = value
+        return environ
 
-    def load(self) -> Callable:
-        return build_app(self.spec)
+    # -- start and stop --------------------------------------------------------------------
+
+    async def serve(self, sock: socket.socket) -> None:
+        server = await self.loop.create_server(lambda: Connection(self), sock=sock,
+                                               backlog=2048)
+        stop = asyncio.Event()
+        self.loop.add_signal_handler(signal.SIGTERM, stop.set)
+        self.loop.add_signal_handler(signal.SIGINT, lambda: None)  # the daemon stops us
+        await stop.wait()
+        await self.drain(server)
+
+    async def drain(self, server: asyncio.AbstractServer) -> None:
+        """Stop accepting, close idle connections, answer the rest within graceful_timeout."""
+        self.stopping = True
+        server.close()
+        deadline = time.monotonic() + float(self.spec.get("graceful_timeout", 30))
+        while time.monotonic() < deadline:
+            for conn in list(self.connections):
+                if not conn.busy and conn.transport is not None:
+                    conn.transport.close()
+            if not self.connections:
+                break
+            await asyncio.sleep(0.05)
+        self.threads.shutdown(wait=False, cancel_futures=True)
+        self.bridge.close()
+
+
+async def _with_first(first: list[bytes], rest: Any):
+    for body in first:
+        yield body
+    async for body in rest:
+        yield body
+
+
+def _call_wsgi(app: InferenceApp, environ: dict[str, Any]) -> tuple[int, list, bytes]:
+    captured: dict[str, Any] = {}
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info=None) -> None:
+        captured["status"] = int(status.split(" ", 1)[0])
+        captured["headers"] = headers
+
+    chunks = app(environ, start_response)
+    body = b"".join(chunks)
+    return captured["status"], captured["headers"], body
+
+
+def bearer_token(headers: dict[str, str]) -> str | None:
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(argv[0])
-    die_with_parent(signal.SIGTERM)  # a killed daemon takes its frontend with it, gracefully
-    os.environ.pop("GUNICORN_FD", None)
-    FrontendServer(spec).run()
+    die_with_parent(signal.SIGTERM)  # a killed daemon takes its frontends with it
+    logging.basicConfig(
+        level=spec.get("log_level", "INFO"),
+        format=f"%(asctime)s [pid {os.getpid()}] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        import uvloop
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    else:
+        loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    sock = socket.socket(fileno=spec["fd"])
+    server = InferenceServer(spec, loop)
+    log.info("inference server listening on port %s", spec["port"])
+    try:
+        loop.run_until_complete(server.serve(sock))
+    finally:
+        server.access.close()
     return 0
 
 
