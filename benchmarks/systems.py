@@ -239,16 +239,14 @@ class Mservd(System):
         cmd = " ".join(proc.cmdline())
         if self.proc is not None and proc.pid == self.proc.pid:
             return "controller"
-        if "mservd.frontends.http.server" in cmd or "gunicorn" in cmd or "mservd-frontend" in cmd:
-            parent = proc.parent()
-            if parent is not None and "frontend" in " ".join(parent.cmdline()):
-                return "frontend worker"
-            return "frontend master"
-        if "mservd.worker" in cmd:
-            for model in ("tiny", "resnet18"):
-                if f'"model_name": "{model}"' in cmd:
-                    return f"worker {model}"
-            return "worker"
+        if "mservd.frontends.http.server" in cmd:
+            return "http frontend"
+        if "mservd.frontends.grpc" in cmd:
+            return "grpc frontend"
+        if proc.name().startswith("mservd:"):  # a worker forked by the zygote, named by model
+            return f"worker {proc.name().removeprefix('mservd:')}"
+        if "mservd.zygote" in cmd:
+            return "zygote"
         return proc.name()
 
 

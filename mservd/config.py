@@ -478,14 +478,16 @@ class Settings:
     frontend_workers: int = field(
         default=2,
         metadata=_meta(
-            "frontend_workers", "Processes serving the HTTP inference API.", _at_least(1)
+            "frontend_workers",
+            "HTTP frontend processes; each serves the inference, management and metrics ports.",
+            _at_least(1),
         ),
     )
     frontend_connections: int = field(
         default=1000,
         metadata=_meta(
             "frontend_connections",
-            "Simultaneous connections each frontend worker accepts.",
+            "Simultaneous connections each HTTP frontend process keeps open.",
             _at_least(1),
         ),
     )
@@ -511,7 +513,7 @@ class Settings:
         metadata=_meta(
             "max_queue_wait_ms",
             "When the oldest request queued for a model has waited this many ms beyond its "
-            "max_batch_delay (or two of the model's batch times, if longer), new requests for it "
+            "max_batch_delay (or four of the model's batch times, if longer), new requests for it "
             "are refused at once with 503 and Retry-After instead of queueing; 0 turns this off.",
             _at_least(0),
         ),

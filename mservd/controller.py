@@ -219,11 +219,11 @@ class Controller:
     def admit(self, mv: ModelVersion, now: float, arrived: float) -> None:
         """Refuse at once while requests stand still: this one reached us late, or the
         version's queue head has waited too long — longer than batching asks
-        (max_batch_delay) plus max_queue_wait_ms, or two batch times if longer."""
+        (max_batch_delay) plus max_queue_wait_ms, or four batch times if longer."""
         limit = self.settings.max_queue_wait_ms / 1000.0
         if not limit:
             return
-        limit = mv.settings.max_batch_delay / 1000.0 + max(limit, 2 * mv.batch_seconds)
+        limit = mv.settings.max_batch_delay / 1000.0 + max(limit, 4 * mv.batch_seconds)
         waited = max(now - arrived, mv.batcher.oldest_wait(now))
         if waited > limit:
             raise QueueFull(

@@ -142,8 +142,7 @@ class Daemon:
         self.settings = settings
         self.log_dir = Path(settings.log_dir).resolve()
         self.stop_signal = False
-        self.frontend: subprocess.Popen | None = None  # gunicorn: management and metrics
-        self.inference_frontends: list[subprocess.Popen] = []  # inference_server, N of them
+        self.http_frontends: list[subprocess.Popen] = []  # mservd.frontends.http.server, N
         self.grpc_frontend: subprocess.Popen | None = None  # mservd.frontends.grpc.server
         self.listeners: dict[str, socket.socket] = {}
         self.warnings: list[str] = []
@@ -260,17 +259,15 @@ class Daemon:
         self.stop_signal = True  # the loop sees it within one turn
 
     def start_frontend(self, run_dir: Path, auth: bool) -> None:
+        """The HTTP frontends: ``frontend_workers`` processes sharing the three listeners."""
         settings = self.settings
-        ports = {api: sock.getsockname()[1] for api, sock in self.listeners.items()
-                 if api != "inference"}
         spec = {
             "controller": f"ipc://{run_dir}/frontend.sock",
-            "fds": [sock.fileno() for api, sock in self.listeners.items() if api != "inference"],
-            "ports": ports,
-            "workers": 1,
+            "listeners": {api: {"fd": sock.fileno(), "port": sock.getsockname()[1]}
+                          for api, sock in self.listeners.items()},
+            "shed_delay_ms": settings.shed_delay_ms,
             "connections": settings.frontend_connections,
             "graceful_timeout": settings.drain_timeout,
-            "errorlog": str(self.log_dir / "frontend.log"),
             "accesslog": str(self.log_dir / "access_log.log"),
             "log_format": settings.log_format,
             "log_level": settings.log_level,
@@ -279,44 +276,20 @@ class Daemon:
             "reply_timeout": 2 * settings.default_response_timeout
                              + settings.default_startup_timeout + 60,
         }
-        self.frontend = subprocess.Popen(
-            [sys.executable, "-m", "mservd.frontends.http.server", json.dumps(spec)],
-            pass_fds=spec["fds"], stdin=subprocess.DEVNULL,
-            stdout=open(self.log_dir / "frontend.log", "ab"), stderr=subprocess.STDOUT,
-        )
-        log.info("HTTP frontend started (pid %d) on ports %s", self.frontend.pid, ports)
-        self.start_inference_frontends(spec)
+        fds = [listener["fd"] for listener in spec["listeners"].values()]
+        for _ in range(settings.frontend_workers):
+            with open(self.log_dir / "frontend.log", "ab") as out:
+                self.http_frontends.append(subprocess.Popen(
+                    [sys.executable, "-m", "mservd.frontends.http.server", json.dumps(spec)],
+                    pass_fds=fds, stdin=subprocess.DEVNULL, stdout=out,
+                    stderr=subprocess.STDOUT))
+        log.info("HTTP frontends started (pids %s) on ports %s",
+                 ", ".join(str(p.pid) for p in self.http_frontends),
+                 {api: listener["port"] for api, listener in spec["listeners"].items()})
         self.start_grpc_frontend(run_dir, spec)
 
-    def start_inference_frontends(self, http_spec: dict[str, Any]) -> None:
-        """The inference port's servers: ``frontend_workers`` processes sharing its socket."""
-        settings = self.settings
-        sock = self.listeners["inference"]
-        spec = {
-            "controller": http_spec["controller"],
-            "fd": sock.fileno(),
-            "port": sock.getsockname()[1],
-            "shed_delay_ms": settings.shed_delay_ms,
-            "graceful_timeout": settings.drain_timeout,
-            "accesslog": http_spec["accesslog"],
-            "log_format": settings.log_format,
-            "log_level": settings.log_level,
-            "auth": http_spec["auth"],
-            "max_request_size": settings.max_request_size,
-            "reply_timeout": http_spec["reply_timeout"],
-        }
-        for _ in range(settings.frontend_workers):
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "mservd.frontends.http.inference_server", json.dumps(spec)],
-                pass_fds=[spec["fd"]], stdin=subprocess.DEVNULL,
-                stdout=open(self.log_dir / "frontend.log", "ab"), stderr=subprocess.STDOUT,
-            )
-            self.inference_frontends.append(proc)
-        log.info("inference servers started (pids %s) on port %d",
-                 ", ".join(str(p.pid) for p in self.inference_frontends), spec["port"])
-
     def frontends(self) -> list[subprocess.Popen | None]:
-        return [self.frontend, *self.inference_frontends, self.grpc_frontend]
+        return [*self.http_frontends, self.grpc_frontend]
 
     def start_grpc_frontend(self, run_dir: Path, http_spec: dict[str, Any]) -> None:
         """Start the gRPC frontend; it binds its own ports and writes them to a file."""
@@ -362,7 +335,7 @@ class Daemon:
         return any(p is not None and p.poll() is None for p in self.frontends())
 
     def stop_frontend(self) -> None:
-        """Close our copies of the listeners, and ask gunicorn to finish and exit."""
+        """Close our copies of the listeners, and ask the frontends to finish and exit."""
         for sock in self.listeners.values():
             sock.close()
         for frontend in self.frontends():

@@ -24,6 +24,7 @@ Run as ``python -m mservd.zygote FD``; the supervisor starts it.
 from __future__ import annotations
 
 import ast
+import ctypes
 import errno
 import gc
 import importlib
@@ -57,6 +58,7 @@ PRELOAD = (
 # workers, so they share it, and a model that never uses it does not wait for it.
 SHARED_LIBRARIES = ("torchvision", "torchaudio", "transformers", "timm")
 MAX_MESSAGE = 1 << 20
+_PR_SET_NAME = 15
 
 
 def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -274,6 +276,7 @@ def fork_worker(spec: dict[str, Any], log_fd: int, sock: socket.socket, pipe: tu
         os.dup2(log_fd, 2)
         os.close(log_fd)
         _reseed()
+        _name_process(f"mservd:{spec.get('model_name', 'worker')}")
         from mservd import worker
 
         code = worker.run(spec)
@@ -288,6 +291,15 @@ def fork_worker(spec: dict[str, Any], log_fd: int, sock: socket.socket, pipe: tu
         finally:
             os._exit(code)
     return 0  # not reached
+
+
+def _name_process(name: str) -> None:
+    """What ``ps -o comm`` and ``top`` show for this worker (its command line is the zygote's)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except OSError:
+        pass  # not glibc Linux: the worker keeps the zygote's name
 
 
 def _reseed() -> None:

@@ -1,8 +1,7 @@
 """The asyncio frontends' line to the controller: one DEALER socket, one reader task.
 
-The same frames as the gevent bridge (mservd/frontends/bridge.py), for the asyncio processes
-(the inference HTTP server and the gRPC frontend): every request coroutine sends on the one
-socket, which only the event loop's thread touches, and awaits a future that the reader task
+Used by both frontend processes (the HTTP server and the gRPC frontend): every request
+coroutine sends on the one socket, which only the event loop's thread touches, and awaits a future that the reader task
 resolves by request id. A streamed answer's parts arrive on a queue instead. The frontend keeps
 no other state.
 """

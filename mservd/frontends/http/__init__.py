@@ -1,1 +1,2 @@
-"""The HTTP frontends: inference, management and metrics apps under one gunicorn."""
+"""The HTTP frontends: one asyncio server process type serving the inference (hot path),
+management (Flask) and metrics ports."""

@@ -1,8 +1,5 @@
-"""The inference server's access log: one line per request, in gunicorn's format.
-
-The management API's lines come from gunicorn with the same formats (``ACCESS_FORMATS`` in
-server.py), so ``access_log.log`` reads the same whichever process answered.
-"""
+"""The HTTP frontends' access log: one line per request, in gunicorn's format (which
+TorchServe users' log tooling already reads), or one JSON object with ``log_format=json``."""
 
 from __future__ import annotations
 

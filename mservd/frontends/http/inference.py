@@ -1,7 +1,7 @@
 """The inference API's routes besides predictions, as a bare WSGI callable, and the helpers
 that turn a prediction request into inputs.
 
-The inference server (``inference_server.py``) answers ``/predictions`` and ``/explanations``
+The HTTP server (``server.py``) answers ``/predictions`` and ``/explanations``
 itself, on its event loop, with :func:`parse_inputs`, :func:`forwarded_headers` and
 :func:`request_timeout_ms` from here: the raw body, or one input per form field, forwarded to
 the controller with the request's headers. The rest of the port — ``/ping``, KServe v1, the Open
@@ -33,7 +33,7 @@ _SKIPPED_HEADERS = frozenset({"authorization", "cookie"})
 
 
 class InferenceApp:
-    """``bridge`` is blocking: the inference server's ThreadBridge, or the gevent Bridge."""
+    """``bridge`` is blocking: the HTTP server's ThreadBridge."""
 
     def __init__(self, bridge: Any, max_request_size: int, reply_timeout: float,
                  auth: bool) -> None:

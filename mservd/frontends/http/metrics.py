@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from mservd.errors import MethodNotAllowed, MservdError, NoWorker, ResourceNotFound
-from mservd.frontends.bridge import Bridge, ControllerGone
+from mservd.frontends.bridge import ControllerGone
 from mservd.frontends.http.responses import respond, respond_error
 
 
 class MetricsApp:
-    def __init__(self, bridge: Bridge, timeout: float) -> None:
+    def __init__(self, bridge: Any, timeout: float) -> None:
         self.bridge = bridge
         self.timeout = timeout
 

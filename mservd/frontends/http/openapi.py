@@ -46,23 +46,14 @@ def _json(description: str, schema: dict[str, Any], **extra: Any) -> dict[str, A
             **extra}
 
 
-_HTML = {"text/html": {"schema": {"type": "string"}}}
-
-
 def _errors(*codes: int, schema: dict[str, Any] = _ERROR) -> dict[str, Any]:
-    out = {str(code): _json(_ERROR_WHY[code], schema) for code in codes}
-    if "400" in out:  # gunicorn answers a request it cannot parse itself, with an HTML page
-        out["400"]["content"].update(_HTML)
-        out["400"]["description"] += " (An HTML page when the HTTP request is malformed.)"
-    return out
+    return {str(code): _json(_ERROR_WHY[code], schema) for code in codes}
 
 
-# Answered by gunicorn before mservd sees the request, for every route, as an HTML page.
+# Answered by the HTTP server before the route is known, for every route.
 _HTTP_LIMITS = {
-    "414": {"description": "The request line (method, path and query) exceeds 4094 bytes.",
-            "content": _HTML},
-    "431": {"description": "Too many request headers, or one exceeds 16384 bytes.",
-            "content": _HTML},
+    "414": _json("The request URL exceeds 8192 bytes.", _ERROR),
+    "431": _json("The request headers exceed 65536 bytes in all.", _ERROR),
 }
 
 

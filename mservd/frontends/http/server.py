@@ -7,8 +7,8 @@ goes to the controller over the asyncio bridge without leaving the event loop; a
 under overload costs microseconds, so shedding load actually frees the CPU it is meant to.
 
 One request, socket to answer: :class:`Connection` parses it (requests pipelined behind it
-wait their turn, so answers go out in order, and a client that hangs up is noticed at once); :meth:`InferenceServer.handle` sheds it or routes it —
-``/predictions`` and ``/explanations`` to :meth:`InferenceServer.predict`, everything else on
+wait their turn, so answers go out in order, and a client that hangs up is noticed at once); :meth:`HttpServer.handle` sheds it or routes it —
+``/predictions`` and ``/explanations`` to :meth:`HttpServer.predict`, everything else on
 this port (ping, KServe v1, Open Inference Protocol v2, OpenAPI) to the WSGI app in
 ``inference.py``, run on a thread with a blocking view of the same bridge — then writes the
 answer and one access-log line.
@@ -53,6 +53,8 @@ from mservd.frontends.http.inference import (
     parse_inputs,
     request_timeout_ms,
 )
+from mservd.frontends.http.management import create_management_app
+from mservd.frontends.http.metrics import MetricsApp
 from mservd.frontends.http.responses import status_line
 from mservd.frontends.http.shedding import Shedder
 from mservd.lifeline import die_with_parent
@@ -60,7 +62,7 @@ from mservd.lifeline import die_with_parent
 log = logging.getLogger("mservd.frontends.http")
 
 MAX_PIPELINED = 16  # requests parsed ahead of their turn on one connection before reading pauses
-KEEPALIVE = 5.0  # seconds a connection may sit silent between requests (gunicorn's default)
+KEEPALIVE = 5.0  # seconds a connection may sit silent between requests
 MAX_URL = 8192
 MAX_HEADER_BYTES = 65536
 PREDICTION_PREFIXES = ("/predictions/", "/explanations/")
@@ -88,8 +90,9 @@ class Request:
 class Connection(asyncio.Protocol):
     """One client connection: parse requests, hand each to the server, write answers in order."""
 
-    def __init__(self, server: InferenceServer) -> None:
+    def __init__(self, server: HttpServer, api: str) -> None:
         self.server = server
+        self.api = api  # the port it came in on: inference, management or metrics
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.client = "-"
@@ -114,6 +117,11 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.client = peer[0] if peer else "-"
+        if len(self.server.connections) >= self.server.max_connections:
+            log.warning("refused a connection from %s: %d open (frontend_connections)",
+                        self.client, len(self.server.connections))
+            transport.close()
+            return
         self.server.connections.add(self)
         self._arm_idle_timer()
 
@@ -258,7 +266,7 @@ class ThreadBridge:
         return future.result(timeout + 5)
 
 
-class InferenceServer:
+class HttpServer:
     def __init__(self, spec: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
         self.spec = spec
         self.loop = loop
@@ -266,20 +274,30 @@ class InferenceServer:
         self.max_request_size = int(spec["max_request_size"])
         self.reply_timeout = float(spec["reply_timeout"])
         self.auth = bool(spec["auth"])
-        self.port = str(spec["port"])
         self.shedder = Shedder(float(spec.get("shed_delay_ms", 0)), loop)
         self.access = AccessLog(spec.get("accesslog"), spec.get("log_format", "plain"))
-        self.wsgi = InferenceApp(ThreadBridge(self.bridge, loop), self.max_request_size,
-                                 self.reply_timeout, self.auth)
-        self.threads = concurrent.futures.ThreadPoolExecutor(
-            max_workers=16, thread_name_prefix="inference-wsgi")
+        blocking = ThreadBridge(self.bridge, loop)
+        self.apps: dict[str, Any] = {  # the WSGI app behind each port
+            "inference": InferenceApp(blocking, self.max_request_size, self.reply_timeout,
+                                      self.auth),
+            "management": create_management_app(blocking, self.reply_timeout, self.auth),
+            "metrics": MetricsApp(blocking, 30.0),
+        }
+        # a management call may wait minutes for a model to load: it must not hold up /ping
+        self.threads = {
+            api: concurrent.futures.ThreadPoolExecutor(max_workers=size,
+                                                       thread_name_prefix=f"http-{api}")
+            for api, size in (("inference", 16), ("management", 32), ("metrics", 4))
+        }
+        self.ports = {api: str(listener["port"]) for api, listener in spec["listeners"].items()}
         self.connections: set[Connection] = set()
+        self.max_connections = int(spec.get("connections", 1000))
         self.stopping = False
 
     async def handle(self, conn: Connection, request: Request) -> None:
         status, rid = 500, "-"
         try:
-            if request.path.startswith(PREDICTION_PREFIXES):
+            if conn.api == "inference" and request.path.startswith(PREDICTION_PREFIXES):
                 status, rid = await self.predict(conn, request)
             else:
                 status, rid = await self.run_wsgi(conn, request)
@@ -371,28 +389,35 @@ class InferenceServer:
     # -- the rest of the inference API -----------------------------------------------------
 
     async def run_wsgi(self, conn: Connection, request: Request) -> tuple[int, str]:
-        if request.path.startswith(("/v1/models", "/v2")) and (
+        if conn.api == "inference" and request.path.startswith(("/v1/models", "/v2")) and (
                 request.path.endswith((":predict", ":explain", "/infer"))):
             self.shedder.check()
-        environ = self.environ(request)
+        environ = self.environ(request, conn.api)
         status, headers, body = await self.loop.run_in_executor(
-            self.threads, _call_wsgi, self.wsgi, environ)
+            self.threads[conn.api], _call_wsgi, self.apps[conn.api], environ)
         rid = next((v for k, v in headers if k.lower() == "x-request-id"), "-")
         headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
         conn.write(status, headers, body, request.keep_alive)
         return status, rid
 
-    def environ(self, request: Request) -> dict[str, Any]:
+    def environ(self, request: Request, api: str) -> dict[str, Any]:
         environ = {
             "REQUEST_METHOD": request.method,
+            "SCRIPT_NAME": "",
             "PATH_INFO": request.path,
             "QUERY_STRING": request.query,
-            "SERVER_PORT": self.port,
+            "SERVER_NAME": "127.0.0.1",
+            "SERVER_PORT": self.ports[api],
             "SERVER_PROTOCOL": f"HTTP/{request.version}",
             "REMOTE_ADDR": request.client,
             "CONTENT_LENGTH": str(len(request.body)),
             "wsgi.input": io.BytesIO(request.body),
+            "wsgi.errors": sys.stderr,
+            "wsgi.version": (1, 0),
             "wsgi.url_scheme": "http",
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": True,
+            "wsgi.run_once": False,
         }
         for name, value in request.headers.items():
             if name == "content-type":
@@ -403,19 +428,23 @@ class InferenceServer:
 
     # -- start and stop --------------------------------------------------------------------
 
-    async def serve(self, sock: socket.socket) -> None:
-        server = await self.loop.create_server(lambda: Connection(self), sock=sock,
-                                               backlog=2048)
+    async def serve(self) -> None:
+        servers = []
+        for api, listener in self.spec["listeners"].items():
+            sock = socket.socket(fileno=listener["fd"])
+            servers.append(await self.loop.create_server(
+                lambda api=api: Connection(self, api), sock=sock, backlog=2048))
         stop = asyncio.Event()
         self.loop.add_signal_handler(signal.SIGTERM, stop.set)
         self.loop.add_signal_handler(signal.SIGINT, lambda: None)  # the daemon stops us
         await stop.wait()
-        await self.drain(server)
+        await self.drain(servers)
 
-    async def drain(self, server: asyncio.AbstractServer) -> None:
+    async def drain(self, servers: list[asyncio.AbstractServer]) -> None:
         """Stop accepting, close idle connections, answer the rest within graceful_timeout."""
         self.stopping = True
-        server.close()
+        for server in servers:
+            server.close()
         deadline = time.monotonic() + float(self.spec.get("graceful_timeout", 30))
         while time.monotonic() < deadline:
             for conn in list(self.connections):
@@ -424,7 +453,8 @@ class InferenceServer:
             if not self.connections:
                 break
             await asyncio.sleep(0.05)
-        self.threads.shutdown(wait=False, cancel_futures=True)
+        for pool in self.threads.values():
+            pool.shutdown(wait=False, cancel_futures=True)
         self.bridge.close()
 
 
@@ -443,7 +473,11 @@ def _call_wsgi(app: InferenceApp, environ: dict[str, Any]) -> tuple[int, list, b
         captured["headers"] = headers
 
     chunks = app(environ, start_response)
-    body = b"".join(chunks)
+    try:
+        body = b"".join(chunks)
+    finally:
+        if hasattr(chunks, "close"):
+            chunks.close()
     return captured["status"], captured["headers"], body
 
 
@@ -470,11 +504,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
-    sock = socket.socket(fileno=spec["fd"])
-    server = InferenceServer(spec, loop)
-    log.info("inference server listening on port %s", spec["port"])
+    server = HttpServer(spec, loop)
+    log.info("HTTP frontend serving %s", ", ".join(
+        f"{api} on port {listener['port']}" for api, listener in spec["listeners"].items()))
     try:
-        loop.run_until_complete(server.serve(sock))
+        loop.run_until_complete(server.serve())
     finally:
         server.access.close()
     return 0
