@@ -115,8 +115,17 @@ def test_a_queue_that_stands_still_refuses_new_requests_at_once(daemon_factory) 
     started = time.monotonic()
     refused = daemon.predict("echo", json={"n": "late"})
     took = time.monotonic() - started
+    # right after a refusal the frontend refuses that model itself for a moment: the answers
+    # are the same, but they never reach the controller (no request id was made for them)
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {daemon.key('inference')}"
+    url = daemon.url("inference", "/predictions/echo")
+    again = [session.post(url, json={"n": "again"}, timeout=10) for _ in range(5)]
     for thread in threads:
         thread.join()
+    assert [a.status_code for a in again] == [503] * 5
+    assert {a.json()["type"] for a in again} == {"QueueFullException"}
+    assert any("x-request-id" not in a.headers for a in again)
     assert refused.status_code == 503, refused.text
     assert refused.headers["Retry-After"] == "1"
     assert "overloaded" in refused.json()["message"]

@@ -61,6 +61,10 @@ from mservd.lifeline import die_with_parent
 
 log = logging.getLogger("mservd.frontends.http")
 
+# After the controller refuses a model's request as overloaded (503 with Retry-After), this
+# process refuses that model's requests itself for this long: under overload most refusals
+# then cost one parse here instead of a trip through the controller, which must keep up.
+REFUSAL_HOLD = 0.02  # seconds
 MAX_PIPELINED = 16  # requests parsed ahead of their turn on one connection before reading pauses
 KEEPALIVE = 5.0  # seconds a connection may sit silent between requests
 MAX_URL = 8192
@@ -292,6 +296,7 @@ class HttpServer:
         self.ports = {api: str(listener["port"]) for api, listener in spec["listeners"].items()}
         self.connections: set[Connection] = set()
         self.max_connections = int(spec.get("connections", 1000))
+        self.refusing: dict[str, tuple[float, bytes]] = {}  # model path -> (until, answer)
         self.stopping = False
 
     async def handle(self, conn: Connection, request: Request) -> None:
@@ -332,6 +337,13 @@ class HttpServer:
         self.shedder.check()
         model = parts[2]
         version = parts[3] if len(parts) == 4 and parts[3] else None
+        held = self.refusing.get(request.path)
+        if held is not None:
+            if time.monotonic() < held[0]:
+                conn.write(503, [("Content-Type", "application/json"), ("Retry-After", "1")],
+                           held[1], request.keep_alive)
+                return 503, "-"
+            del self.refusing[request.path]
         headers = request.headers
         inputs, payloads = parse_inputs(headers.get("content-type", ""), request.body)
         forwarded = forwarded_headers(headers)
@@ -360,6 +372,8 @@ class HttpServer:
             out.extend(reply.headers.items())
         if reply.status == 401:
             out.append(("WWW-Authenticate", "Bearer"))
+        if reply.status == 503 and "Retry-After" in (reply.headers or {}):
+            self.refusing[request.path] = (time.monotonic() + REFUSAL_HOLD, reply.body)
         if reply.stream is None:
             conn.write(reply.status, out, reply.body, request.keep_alive)
         else:
