@@ -313,7 +313,7 @@ class HttpServer:
             status = 503
             self.answer_error(conn, request, NoWorker(str(exc)))
         except Exception:  # a bug must cost one answer, never the connection's loop
-            log.exception("inference request %s %s failed", request.method, request.path)
+            log.exception("%s request %s %s failed", conn.api, request.method, request.path)
             self.answer_error(conn, request, MservdError("Internal error; see frontend.log."))
         self.access.write(request.client, request.method, request.url.decode("latin-1"),
                           request.version, status, request.started, rid)
