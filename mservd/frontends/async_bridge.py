@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from mservd import protocol
 from mservd.frontends.bridge import ClientGone, ControllerGone, Reply
@@ -24,33 +23,62 @@ log = logging.getLogger(__name__)
 
 
 class AsyncBridge:
+    """A plain (non-asyncio) ZeroMQ socket driven by the event loop: sends never block (no
+    high-water mark), and the socket's file descriptor wakes :meth:`_drain`. ZeroMQ signals
+    that descriptor by edge, and any send may consume the edge, so every send and every drain
+    ends by asking the socket itself whether answers are waiting."""
+
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
-        self._ctx: zmq.asyncio.Context | None = None
+        self._ctx: zmq.Context | None = None
         self._sock: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[bytes, asyncio.Future | asyncio.Queue] = {}
-        self._reader: asyncio.Task | None = None
+        self._drain_scheduled = False
 
     def _socket(self) -> Any:
         if self._sock is None:
-            self._ctx = zmq.asyncio.Context()
+            self._ctx = zmq.Context()
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
             sock.connect(self.endpoint)
             self._sock = sock
-            self._reader = asyncio.get_running_loop().create_task(self._read_replies())
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
         return self._sock
 
-    async def _read_replies(self) -> None:
-        while True:
-            frames = await self._sock.recv_multipart()
-            if len(frames) < 4 or frames[0] not in (protocol.REPLY, protocol.CHUNK):
-                continue
+    def _send(self, frames: list[bytes]) -> None:
+        sock = self._socket()
+        sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        self._check_pending()
+
+    def _check_pending(self) -> None:
+        if (not self._drain_scheduled and self._sock is not None
+                and self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN):
+            self._drain_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        sock = self._sock
+        if sock is None:
+            return
+        for _ in range(1000):  # bounded per turn, so connections are served between
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._deliver(frames)
+        self._check_pending()
+
+    def _deliver(self, frames: list[bytes]) -> None:
+        if len(frames) >= 4 and frames[0] in (protocol.REPLY, protocol.CHUNK):
             waiter = self._waiting.get(frames[1])
             if waiter is None:
-                continue  # the client gave up; the answer has nowhere to go
+                return  # the client gave up; the answer has nowhere to go
             if frames[0] == protocol.REPLY:
                 del self._waiting[frames[1]]
             if type(waiter) is asyncio.Queue:
@@ -73,12 +101,11 @@ class AsyncBridge:
         an async iterator over the later parts' bodies (final one last); without, only the
         final answer is returned.
         """
-        sock = self._socket()
         waiter = asyncio.get_running_loop().create_future()
         self._waiting[rid] = waiter
         streaming = False
         try:
-            await sock.send_multipart(frames)
+            self._send(frames)
             got = await asyncio.wait_for(waiter, timeout)
             if type(got) is asyncio.Queue:
                 first = await self._next_part(got, timeout)
@@ -134,7 +161,7 @@ class AsyncBridge:
         elif waiter is not None and not waiter.done():
             waiter.set_exception(ClientGone())
         if self._sock is not None:
-            self._sock.send_multipart([protocol.CANCEL, rid])
+            self._send([protocol.CANCEL, rid])
 
     async def manage(self, op: str, args: dict[str, Any], token: str | None, timeout: float,
                      api: str = protocol.API_MANAGEMENT) -> Reply:
@@ -143,9 +170,10 @@ class AsyncBridge:
         return await self.call(rid, [protocol.MANAGE, header], timeout)
 
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
         if self._sock is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
             self._sock.close(linger=0)
+            self._sock = None
         if self._ctx is not None:
             self._ctx.term()
