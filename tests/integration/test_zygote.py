@@ -30,6 +30,14 @@ def test_every_worker_is_a_fork_of_the_one_zygote(daemon_factory) -> None:
         assert "libtorch_cpu" in maps(pid)
 
 
+def test_workers_of_a_model_map_one_copy_of_its_weights(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "resnet18.mar", "default_workers_per_model": 2})
+    pids = daemon.worker_pids("resnet18")
+    assert len(pids) == 2
+    for pid in pids:  # the parameters are the file's pages (mmap), not a private copy
+        assert "resnet18.pt" in maps(pid)
+
+
 def test_torchvision_is_imported_once_in_the_zygote_only_for_models_that_use_it(
         daemon_factory, store) -> None:
     from conftest import write_archive
