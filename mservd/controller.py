@@ -75,6 +75,7 @@ class Controller:
             send_stop=lambda w: self.back.send_multipart([w.identity, protocol.STOP]),
             worker_spec_extra={"max_response_size": settings.max_response_size,
                                "log_level": settings.log_level,
+                               "log_format": settings.log_format,
                                "install_py_dep_per_model": settings.install_py_dep_per_model},
         )
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mservd-unpack")

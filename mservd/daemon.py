@@ -24,6 +24,7 @@ from typing import Any
 from mservd import __version__, snapshot
 from mservd.auth import KeyStore
 from mservd.config import Settings, parse_address
+from mservd.log_format import formatter
 from mservd.supervisor import detect_gpus
 
 log = logging.getLogger("mservd")
@@ -68,11 +69,7 @@ def running_pid(log_dir: Path) -> int | None:
 def configure_logging(settings: Settings, log_dir: Path, to_stderr: bool) -> None:
     root = logging.getLogger()
     root.setLevel(settings.log_level)
-    fmt: logging.Formatter
-    if settings.log_format == "json":
-        fmt = JsonFormatter()
-    else:
-        fmt = logging.Formatter("%(asctime)s [pid %(process)d] %(levelname)s %(name)s: %(message)s")
+    fmt = formatter(settings.log_format)
     handler = logging.FileHandler(log_dir / "mservd.log")
     handler.setFormatter(fmt)
     root.addHandler(handler)
@@ -80,15 +77,6 @@ def configure_logging(settings: Settings, log_dir: Path, to_stderr: bool) -> Non
         stream = logging.StreamHandler(sys.stderr)
         stream.setFormatter(fmt)
         root.addHandler(stream)
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        doc = {"time": self.formatTime(record), "level": record.levelname,
-               "logger": record.name, "pid": record.process, "message": record.getMessage()}
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc)
 
 
 def bind_listener(address: str, what: str) -> socket.socket:
@@ -309,6 +297,7 @@ class Daemon:
             "reply_timeout": http_spec["reply_timeout"],
             "graceful_timeout": settings.drain_timeout,
             "log_level": settings.log_level,
+            "log_format": settings.log_format,
         }
         self.grpc_frontend = subprocess.Popen(
             [sys.executable, "-m", "mservd.frontends.grpc.server", json.dumps(spec)],

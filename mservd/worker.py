@@ -26,6 +26,7 @@ import zmq
 from mservd import kserve_v1, protocol
 from mservd.errors import error_body
 from mservd.lifeline import die_with_parent, parent_changed
+from mservd.log_format import log_to_stderr
 from mservd.payload import decode_input, encode_output
 from mservd.v2 import handling as v2
 from mservd.v2 import metadata as v2_metadata
@@ -427,12 +428,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(spec: dict[str, Any]) -> int:
     """Be the worker ``spec`` describes, in this process (a fresh one or a zygote's fork)."""
-    logging.basicConfig(
-        level=spec.get("log_level", "INFO"),
-        format=f"%(asctime)s [pid {os.getpid()}] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
+    log_to_stderr(spec.get("log_level", "INFO"), spec.get("log_format", "plain"))
     die_with_parent(signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us
     sys.stdout = TaggedStream(sys.stdout, os.getpid())

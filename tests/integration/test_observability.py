@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -74,3 +75,20 @@ def test_model_log_tags_handler_output_with_pid_and_request_id(daemon_factory) -
     [entry] = [l for l in access.splitlines() if rid in l]
     assert re.search(r'"POST /predictions/echo HTTP/1.1" 200 \d+us ' + rid, entry)
     assert "127.0.0.1" in entry
+
+
+def test_log_format_json_makes_every_process_log_json(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar", "log_format": "json"})
+    answer = daemon.predict("echo", json={"say": "json-log"})
+    rid = answer.headers["x-request-id"]
+    time.sleep(0.5)
+    logs = daemon.log_dir
+    records = {}
+    for name in ("mservd.log", "model_echo.log", "frontend.log", "access_log.log"):
+        lines = [line for line in (logs / name).read_text().splitlines() if line.startswith("{")]
+        records[name] = [json.loads(line) for line in lines]
+    assert any("ready" in r["message"] for r in records["model_echo.log"])  # the worker's
+    assert any("HTTP frontend serving" in r["message"] for r in records["frontend.log"])
+    assert any(r.get("request_id") == rid and r["status"] == 200
+               for r in records["access_log.log"])
+    assert records["mservd.log"] and all(r["level"] for r in records["mservd.log"])

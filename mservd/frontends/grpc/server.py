@@ -31,6 +31,7 @@ from mservd.frontends.grpc.generated import (
 )
 from mservd.frontends.grpc.torchserve import InferenceAPIs, ManagementAPIs
 from mservd.frontends.grpc.v2 import GRPCInferenceService
+from mservd.log_format import log_to_stderr
 
 log = logging.getLogger("mservd.frontends.grpc")
 
@@ -85,9 +86,7 @@ async def serve(spec: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(argv[0])
-    logging.basicConfig(level=spec.get("log_level", "INFO"),
-                        format="%(asctime)s [pid %(process)d] %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    log_to_stderr(spec.get("log_level", "INFO"), spec.get("log_format", "plain"))
     try:
         from mservd.lifeline import die_with_parent
 

@@ -25,7 +25,6 @@ import concurrent.futures
 import io
 import json
 import logging
-import os
 import signal
 import socket
 import sys
@@ -58,6 +57,7 @@ from mservd.frontends.http.metrics import MetricsApp
 from mservd.frontends.http.responses import status_line
 from mservd.frontends.http.shedding import Shedder
 from mservd.lifeline import die_with_parent
+from mservd.log_format import log_to_stderr
 
 log = logging.getLogger("mservd.frontends.http")
 
@@ -506,11 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(argv[0])
     die_with_parent(signal.SIGTERM)  # a killed daemon takes its frontends with it
-    logging.basicConfig(
-        level=spec.get("log_level", "INFO"),
-        format=f"%(asctime)s [pid {os.getpid()}] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    log_to_stderr(spec.get("log_level", "INFO"), spec.get("log_format", "plain"))
     try:
         import uvloop
     except ImportError:
