@@ -257,17 +257,21 @@ class ThreadBridge:
         self.bridge = bridge
         self.loop = loop
 
-    def call(self, rid: bytes, frames: list[bytes], timeout: float, client: Any = None,
-             stream: bool = False) -> Reply:
-        future = asyncio.run_coroutine_threadsafe(self.bridge.call(rid, frames, timeout),
-                                                  self.loop)
-        return future.result(timeout + 5)
+    def call(self, rid: bytes, frames: list[bytes], timeout: float) -> Reply:
+        return self._wait(self.bridge.call(rid, frames, timeout), timeout)
 
     def manage(self, op: str, args: dict[str, Any], token: str | None, timeout: float,
                api: str = protocol.API_MANAGEMENT) -> Reply:
-        future = asyncio.run_coroutine_threadsafe(
-            self.bridge.manage(op, args, token, timeout, api), self.loop)
-        return future.result(timeout + 5)
+        return self._wait(self.bridge.manage(op, args, token, timeout, api), timeout)
+
+    def _wait(self, call: Any, timeout: float) -> Reply:
+        future = asyncio.run_coroutine_threadsafe(call, self.loop)
+        try:
+            return future.result(timeout + 5)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise ControllerGone(f"No answer from the controller within {timeout:.0f} s.") \
+                from None
 
 
 class HttpServer:
@@ -403,12 +407,18 @@ class HttpServer:
     # -- the rest of the inference API -----------------------------------------------------
 
     async def run_wsgi(self, conn: Connection, request: Request) -> tuple[int, str]:
-        if conn.api == "inference" and request.path.startswith(("/v1/models", "/v2")) and (
-                request.path.endswith((":predict", ":explain", "/infer"))):
+        predicting = conn.api == "inference" and request.path.startswith(
+            ("/v1/models", "/v2")) and request.path.endswith((":predict", ":explain", "/infer"))
+        if predicting:  # KServe v1 and v2 predictions are shed like /predictions
             self.shedder.check()
-        environ = self.environ(request, conn.api)
-        status, headers, body = await self.loop.run_in_executor(
-            self.threads[conn.api], _call_wsgi, self.apps[conn.api], environ)
+            self.shedder.busy += 1
+        try:
+            environ = self.environ(request, conn.api)
+            status, headers, body = await self.loop.run_in_executor(
+                self.threads[conn.api], _call_wsgi, self.apps[conn.api], environ)
+        finally:
+            if predicting:
+                self.shedder.busy -= 1
         rid = next((v for k, v in headers if k.lower() == "x-request-id"), "-")
         headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
         conn.write(status, headers, body, request.keep_alive)
