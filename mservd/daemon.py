@@ -254,6 +254,7 @@ class Daemon:
             "listeners": {api: {"fd": sock.fileno(), "port": sock.getsockname()[1]}
                           for api, sock in self.listeners.items()},
             "shed_delay_ms": settings.shed_delay_ms,
+            "max_queue_wait_ms": settings.max_queue_wait_ms,
             "connections": settings.frontend_connections,
             "graceful_timeout": settings.drain_timeout,
             "accesslog": str(self.log_dir / "access_log.log"),

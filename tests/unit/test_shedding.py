@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mservd.frontends.http.shedding import Overloaded, Shedder
+from mservd.frontends.http.shedding import FLOOR, ModelLimit, Overloaded, Shedder
 
 
 def test_a_loop_running_behind_sheds_and_a_caught_up_one_does_not() -> None:
@@ -43,3 +43,55 @@ def test_limit_zero_never_sheds() -> None:
         shedder.check()
     finally:
         loop.close()
+
+
+def _limit_after(answers: list[float], wait: float = 0.05, seconds: float = 1.0) -> ModelLimit:
+    """A limit that saw these answer times, spread evenly over ``seconds`` of 5 ms ticks."""
+    limit = ModelLimit(wait)
+    ticks = int(seconds / 0.005)
+    per_tick = len(answers) / ticks
+    done = 0.0
+    for tick in range(ticks):
+        done += per_tick
+        while answers and done >= 1:
+            limit.answered(answers.pop(0))
+            done -= 1
+        limit.tick(0.005)
+    return limit
+
+
+def test_a_model_answering_on_time_is_never_limited() -> None:
+    limit = _limit_after([0.002] * 20 + [0.03] * 1000)
+    limit.busy = 500
+    assert not limit.full()  # answers come back inside max_queue_wait_ms: a burst is let in
+
+
+def test_a_late_model_is_limited_to_what_it_answers_in_the_wait() -> None:
+    limit = _limit_after([0.002] * 20 + [0.08] * 1000)  # ~1,000 answers/s, all late
+    allowed = limit.allowed()
+    assert 40 <= allowed <= 55  # Little's law: 1,000/s for 50 ms
+    limit.busy = int(allowed) - 1
+    assert not limit.full()
+    limit.busy = int(allowed) + 1
+    assert limit.full()
+
+
+def test_a_limit_never_falls_below_its_floor() -> None:
+    limit = _limit_after([0.002] + [0.2] * 10)
+    assert limit.allowed() == FLOOR
+    limit.busy = FLOOR - 1
+    assert not limit.full()
+
+
+def test_a_slow_model_is_left_to_the_controller() -> None:
+    limit = _limit_after([0.4] * 100)  # its quickest answer is far past half the wait
+    limit.busy = 1000
+    assert limit.allowed() == float("inf") and not limit.full()
+
+
+def test_a_model_s_quickest_answer_is_forgotten_slowly() -> None:
+    limit = _limit_after([0.002] + [0.08] * 100)
+    assert limit.quickest == pytest.approx(0.002, rel=0.05)  # load does not lift it
+    for _ in range(200 * 60):  # a minute of ticks
+        limit.tick(0.005)
+    assert 0.0035 < limit.quickest < 0.004  # about 1 % a second

@@ -55,7 +55,7 @@ from mservd.frontends.http.inference import (
 from mservd.frontends.http.management import create_management_app
 from mservd.frontends.http.metrics import MetricsApp
 from mservd.frontends.http.responses import status_line
-from mservd.frontends.http.shedding import Shedder
+from mservd.frontends.http.shedding import ModelLimit, Overloaded, Shedder
 from mservd.lifeline import die_with_parent
 from mservd.log_format import log_to_stderr
 
@@ -65,6 +65,7 @@ log = logging.getLogger("mservd.frontends.http")
 # process refuses that model's requests itself for this long: under overload most refusals
 # then cost one parse here instead of a trip through the controller, which must keep up.
 REFUSAL_HOLD = 0.02  # seconds
+REFUSAL_HEADERS = [("Content-Type", "application/json"), ("Retry-After", "1")]
 MAX_PIPELINED = 16  # requests parsed ahead of their turn on one connection before reading pauses
 KEEPALIVE = 5.0  # seconds a connection may sit silent between requests
 MAX_URL = 8192
@@ -104,7 +105,7 @@ class Connection(asyncio.Protocol):
         self.busy = False  # a request is being answered (reading goes on: a hang-up is seen)
         self.queued: collections.deque[Request] = collections.deque()  # pipelined behind it
         self.rid: bytes | None = None  # the prediction awaiting the controller, if any
-        self.idle_timer: asyncio.TimerHandle | None = None
+        self.last_read = 0.0  # loop time of the last bytes read: the idle sweep's clock
         self._reset()
 
     def _reset(self) -> None:
@@ -127,28 +128,17 @@ class Connection(asyncio.Protocol):
             transport.close()
             return
         self.server.connections.add(self)
-        self._arm_idle_timer()
-
-    def _arm_idle_timer(self) -> None:
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-        self.idle_timer = self.server.loop.call_later(KEEPALIVE, self._close_if_idle)
-
-    def _close_if_idle(self) -> None:
-        if not self.busy and self.transport is not None:
-            self.transport.close()  # silent too long, mid-request or between requests
+        self.last_read = self.server.loop.time()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
         if self.rid is not None:  # gone before its answer: the controller drops it if queued
             log.info("client went away before request %s was answered", self.rid.decode())
             self.server.bridge.cancel(self.rid)
 
     def data_received(self, data: bytes) -> None:
-        self._arm_idle_timer()
+        self.last_read = self.server.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -204,7 +194,7 @@ class Connection(asyncio.Protocol):
                 self.transport.pause_reading()  # enough buffered; the client can wait
             return
         self.busy = True
-        asyncio.ensure_future(self.server.handle(self, request))
+        self.server.dispatch(self, request)
 
     # -- answers ---------------------------------------------------------------------------
 
@@ -243,11 +233,11 @@ class Connection(asyncio.Protocol):
             self.transport.close()
         elif self.queued:
             self.busy = True
-            asyncio.ensure_future(self.server.handle(self, self.queued.popleft()))
+            self.server.dispatch(self, self.queued.popleft())
             if len(self.queued) < MAX_PIPELINED:
                 self.transport.resume_reading()
         else:
-            self._arm_idle_timer()
+            self.last_read = self.server.loop.time()  # idle from now, not from the request
 
 
 class ThreadBridge:
@@ -282,7 +272,10 @@ class HttpServer:
         self.max_request_size = int(spec["max_request_size"])
         self.reply_timeout = float(spec["reply_timeout"])
         self.auth = bool(spec["auth"])
-        self.shedder = Shedder(float(spec.get("shed_delay_ms", 0)), loop)
+        # per model path, once it has answered: how many of its predictions may be in flight
+        self.limits: dict[str, ModelLimit] = {}
+        self.queue_wait = float(spec.get("max_queue_wait_ms", 0)) / 1000.0
+        self.shedder = Shedder(float(spec.get("shed_delay_ms", 0)), loop, self.tick_limits)
         self.access = AccessLog(spec.get("accesslog"), spec.get("log_format", "plain"))
         blocking = ThreadBridge(self.bridge, loop)
         self.apps: dict[str, Any] = {  # the WSGI app behind each port
@@ -302,6 +295,47 @@ class HttpServer:
         self.max_connections = int(spec.get("connections", 1000))
         self.refusing: dict[str, tuple[float, bytes]] = {}  # model path -> (until, answer)
         self.stopping = False
+        loop.call_later(1.0, self.close_idle)
+
+    def close_idle(self) -> None:
+        """Once a second: hang up on connections silent for KEEPALIVE seconds, mid-request or
+        between requests (one timer for all of them, not one per request)."""
+        silent_since = self.loop.time() - KEEPALIVE
+        for conn in [c for c in self.connections if not c.busy and c.last_read < silent_since]:
+            if conn.transport is not None:
+                conn.transport.close()
+        self.loop.call_later(1.0, self.close_idle)
+
+    def dispatch(self, conn: Connection, request: Request) -> None:
+        """Answer a refused prediction here and now (no task, no controller: under overload
+        this is most requests, and what it costs is what the others wait for); run the rest."""
+        if conn.api == "inference" and request.path.startswith(PREDICTION_PREFIXES):
+            refusal = self.refusal(request)
+            if refusal is not None:
+                conn.write(503, REFUSAL_HEADERS, refusal, request.keep_alive)
+                self.access.write(request.client, request.method, request.url.decode("latin-1"),
+                                  request.version, 503, request.started, "-")
+                return
+        asyncio.ensure_future(self.handle(conn, request))
+
+    def tick_limits(self, seconds: float) -> None:
+        for limit in self.limits.values():
+            limit.tick(seconds)
+
+    def refusal(self, request: Request) -> bytes | None:
+        """The answer to a prediction refused at the door, or None to let it in."""
+        limit = self.limits.get(request.path)
+        if limit is not None and limit.full():
+            return Overloaded(
+                f"Requested model is overloaded: {limit.busy} predictions are in flight from "
+                f"this frontend, as many as it answers in {self.queue_wait * 1000:.0f} ms "
+                "(max_queue_wait_ms); retry later.").to_body()
+        held = self.refusing.get(request.path)
+        if held is not None:
+            if time.monotonic() < held[0]:
+                return held[1]
+            del self.refusing[request.path]
+        return None
 
     async def handle(self, conn: Connection, request: Request) -> None:
         status, rid = 500, "-"
@@ -341,13 +375,6 @@ class HttpServer:
         self.shedder.check()
         model = parts[2]
         version = parts[3] if len(parts) == 4 and parts[3] else None
-        held = self.refusing.get(request.path)
-        if held is not None:
-            if time.monotonic() < held[0]:
-                conn.write(503, [("Content-Type", "application/json"), ("Retry-After", "1")],
-                           held[1], request.keep_alive)
-                return 503, "-"
-            del self.refusing[request.path]
         headers = request.headers
         inputs, payloads = parse_inputs(headers.get("content-type", ""), request.body)
         forwarded = forwarded_headers(headers)
@@ -363,6 +390,9 @@ class HttpServer:
         frames = protocol.predict_frames(route, protocol.pack_meta(inputs, forwarded, explain),
                                          payloads)
         conn.rid = rid
+        limit = self.limits.get(request.path)
+        if limit is not None:
+            limit.busy += 1
         self.shedder.busy += 1
         try:
             reply = await self.bridge.call(rid, frames, self.reply_timeout, stream=True)
@@ -371,6 +401,12 @@ class HttpServer:
         finally:
             conn.rid = None
             self.shedder.busy -= 1
+            if limit is not None:
+                limit.busy -= 1
+        if reply.status < 300 and self.queue_wait:
+            if limit is None:  # known once it answers: a client's typo makes no entry
+                limit = self.limits[request.path] = ModelLimit(self.queue_wait)
+            limit.answered(time.perf_counter() - request.started)
         out = [("Content-Type", reply.content_type), ("x-request-id", rid_text)]
         if reply.headers:
             out.extend(reply.headers.items())

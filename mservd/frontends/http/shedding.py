@@ -1,25 +1,36 @@
-"""Load shedding at the edge: while this frontend process is behind, new predictions get 503.
+"""Load shedding at the edge: a frontend refuses the predictions it cannot answer in time,
+as soon as they are parsed — a refusal there costs a small fraction of serving the request,
+and nothing downstream (controller, workers) ever sees it.
 
-Under overload the queue that grows first is not the model's (the controller bounds that one)
-but the work waiting for this process's CPU: requests read late, answers relayed late. Its
-length shows as the event loop's lag — how much later than asked a short timer fires. While the
-lag is past ``shed_delay_ms`` with many predictions in flight (an idle process that merely lost
-the CPU to a neighbour for a moment has nothing to shed), a prediction is refused as soon as it
-is parsed, which costs a
-small fraction of serving it, so the process catches up and the requests it takes are answered
-in time instead of every request waiting seconds.
+Two rules:
+
+- **a model's concurrency limit** (:class:`ModelLimit`): once a model's answers come back later
+  than ``max_queue_wait_ms``, it may have only as many predictions in flight from this process
+  as it answers here in that time (Little's law: with more, the newest would wait longer). The
+  rate is measured from the answers, so the limit follows the model's real speed; a model that
+  answers on time is never limited, so a burst onto it is let in while its rate catches up.
+- **the event loop's lag** (:class:`Shedder`): under overload the queue that grows first may be
+  the work waiting for this process's CPU (requests read late, answers relayed late), which
+  shows as how much later than asked a short timer fires. While that lag is past
+  ``shed_delay_ms`` with many predictions in flight (an idle process that merely lost the CPU to
+  a neighbour has nothing to shed), predictions are refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from mservd.errors import MservdError
 
 TICK = 0.005  # seconds between lag samples
 SMOOTHING = 0.1  # weight of the newest sample: one long turn (a burst) is not a backlog
 MIN_BUSY = 16  # predictions in flight here before lag can mean they are what is waiting
+RATE_SMOOTHING = 0.02  # weight of one tick's answers in a model's rate (about 0.25 s of memory)
+LATENCY_SMOOTHING = 0.05  # weight of one answer's latency in a model's mean
+FLOOR = 8  # a model's limit never goes below this many in flight per process
+SERVICE_DRIFT = 0.01  # per second: how fast a model's quickest answer is forgotten
 
 
 class Overloaded(MservdError):
@@ -28,13 +39,15 @@ class Overloaded(MservdError):
 
 
 class Shedder:
-    def __init__(self, limit_ms: float, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, limit_ms: float, loop: asyncio.AbstractEventLoop,
+                 on_tick: Callable[[float], None] | None = None) -> None:
         self.limit = limit_ms / 1000.0
         self.lag = 0.0
         self.loop = loop
+        self.on_tick = on_tick  # called with the seconds since the last tick
         self._asked = 0.0
         self.busy = 0  # predictions this process has sent and not yet answered
-        if self.limit:
+        if self.limit or on_tick:
             self._sample()
 
     def check(self) -> None:
@@ -50,5 +63,45 @@ class Shedder:
         if self._asked:
             late = max(0.0, now - self._asked - TICK)
             self.lag += SMOOTHING * (late - self.lag)
+            if self.on_tick is not None:
+                self.on_tick(now - self._asked)
         self._asked = now
         self.loop.call_later(TICK, self._sample)
+
+
+class ModelLimit:
+    """How many predictions of one model this process lets in at once (see the module). The
+    server counts ``busy`` around each prediction and reports each on-time answer."""
+
+    def __init__(self, wait: float) -> None:
+        self.wait = wait  # seconds a request may queue: max_queue_wait_ms
+        self.busy = 0  # in flight now
+        self.rate = 0.0  # answers per second, smoothed
+        self.latency = 0.0  # seconds per answer, smoothed
+        self._answers = 0  # since the last tick
+        # its quickest answer, forgotten slowly: the model's speed without load, not its
+        # latency under load (which would lift the limit just when it matters)
+        self.quickest = float("inf")
+
+    def allowed(self) -> float:
+        """In flight allowed: as many as the model answers here while a request may wait. A
+        model whose quickest answer takes half that wait (a slow model) has no limit here: a
+        refusal saves little next to its answer, and the controller bounds its queue in batch
+        times."""
+        if self.quickest > self.wait / 2:
+            return float("inf")
+        return max(FLOOR, self.rate * self.wait)
+
+    def full(self) -> bool:
+        """Refuse the next one? Only while the model's answers come back late."""
+        return self.busy >= self.allowed() and self.latency > self.wait
+
+    def answered(self, seconds: float) -> None:
+        self._answers += 1
+        self.latency += LATENCY_SMOOTHING * (seconds - self.latency)
+        self.quickest = min(self.quickest, seconds)
+
+    def tick(self, seconds: float) -> None:
+        self.rate += RATE_SMOOTHING * (self._answers / seconds - self.rate)
+        self._answers = 0
+        self.quickest *= 1.0 + SERVICE_DRIFT * seconds
