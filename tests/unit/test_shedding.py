@@ -45,13 +45,13 @@ def test_limit_zero_never_sheds() -> None:
         loop.close()
 
 
-def _limit_after(answers: list[float], wait: float = 0.05, seconds: float = 1.0) -> ModelLimit:
+def _limit_after(answers: list[float], wait: float = 0.05, seconds: float = 0.1) -> ModelLimit:
     """A limit that saw these answer times, spread evenly over ``seconds`` of 5 ms ticks."""
     limit = ModelLimit(wait)
     ticks = int(seconds / 0.005)
     per_tick = len(answers) / ticks
     done = 0.0
-    for tick in range(ticks):
+    for _ in range(ticks):
         done += per_tick
         while answers and done >= 1:
             limit.answered(answers.pop(0))
@@ -60,33 +60,43 @@ def _limit_after(answers: list[float], wait: float = 0.05, seconds: float = 1.0)
     return limit
 
 
-def test_a_model_answering_on_time_is_never_limited() -> None:
-    limit = _limit_after([0.002] * 20 + [0.03] * 1000)
+def test_a_model_answering_on_time_is_not_limited() -> None:
+    limit = _limit_after([0.002] * 20 + [0.03] * 100)
     limit.busy = 500
-    assert not limit.full()  # answers come back inside max_queue_wait_ms: a burst is let in
+    assert not limit.full(0.0)  # answers inside max_queue_wait_ms: a burst is let in
 
 
-def test_a_late_model_is_limited_to_what_it_answers_in_the_wait() -> None:
-    limit = _limit_after([0.002] * 20 + [0.08] * 1000)  # ~1,000 answers/s, all late
-    allowed = limit.allowed()
-    assert 40 <= allowed <= 55  # Little's law: 1,000/s for 50 ms
+def test_a_late_model_may_have_in_flight_what_it_answers_in_a_third_of_the_wait() -> None:
+    limit = _limit_after([0.002] * 20 + [0.08] * 80)  # 1,000 answers/s, lately all late
+    allowed = limit.allowed(0.0)
+    assert allowed == pytest.approx(1000 * 0.05 / 3, rel=0.05)  # Little's law
     limit.busy = int(allowed) - 1
-    assert not limit.full()
+    assert not limit.full(0.0)
     limit.busy = int(allowed) + 1
-    assert limit.full()
+    assert limit.full(0.0)
+
+
+def test_a_limit_is_lifted_step_by_step_once_answers_are_on_time() -> None:
+    limit = _limit_after([0.002] * 20 + [0.08] * 80)
+    late = limit.allowed(10.0)  # still late: the limit holds
+    for _ in range(200):
+        limit.answered(0.01)  # on time again
+    assert limit.allowed(10.5) == pytest.approx(1.5 * late)
+    assert limit.allowed(11.0) == pytest.approx(2 * late)
+    assert limit.allowed(13.0) == float("inf")
 
 
 def test_a_limit_never_falls_below_its_floor() -> None:
     limit = _limit_after([0.002] + [0.2] * 10)
-    assert limit.allowed() == FLOOR
+    assert limit.allowed(0.0) == FLOOR
     limit.busy = FLOOR - 1
-    assert not limit.full()
+    assert not limit.full(0.0)
 
 
 def test_a_slow_model_is_left_to_the_controller() -> None:
     limit = _limit_after([0.4] * 100)  # its quickest answer is far past half the wait
     limit.busy = 1000
-    assert limit.allowed() == float("inf") and not limit.full()
+    assert limit.allowed(0.0) == float("inf") and not limit.full(0.0)
 
 
 def test_a_model_s_quickest_answer_is_forgotten_slowly() -> None:

@@ -325,11 +325,11 @@ class HttpServer:
     def refusal(self, request: Request) -> bytes | None:
         """The answer to a prediction refused at the door, or None to let it in."""
         limit = self.limits.get(request.path)
-        if limit is not None and limit.full():
+        if limit is not None and limit.full(time.perf_counter()):
             return Overloaded(
-                f"Requested model is overloaded: {limit.busy} predictions are in flight from "
-                f"this frontend, as many as it answers in {self.queue_wait * 1000:.0f} ms "
-                "(max_queue_wait_ms); retry later.").to_body()
+                "Requested model is overloaded: its answers come back later than "
+                f"max_queue_wait_ms ({self.queue_wait * 1000:.0f} ms) and {limit.busy} of its "
+                "predictions are in flight from this frontend; retry later.").to_body()
         held = self.refusing.get(request.path)
         if held is not None:
             if time.monotonic() < held[0]:

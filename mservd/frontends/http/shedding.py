@@ -6,9 +6,11 @@ Two rules:
 
 - **a model's concurrency limit** (:class:`ModelLimit`): once a model's answers come back later
   than ``max_queue_wait_ms``, it may have only as many predictions in flight from this process
-  as it answers here in that time (Little's law: with more, the newest would wait longer). The
-  rate is measured from the answers, so the limit follows the model's real speed; a model that
-  answers on time is never limited, so a burst onto it is let in while its rate catches up.
+  as it answers here in a third of that time. By Little's law that puts their mean latency at
+  a third of the wait, so even the slow tail (two to three times the mean) stays inside it.
+  The rate is measured from the answers, so the limit follows the model's real speed. Once the
+  answers are on time again the limit doubles each second until, at four times, it is lifted:
+  a model that answers on time is not limited, so a burst onto an idle model is let in.
 - **the event loop's lag** (:class:`Shedder`): under overload the queue that grows first may be
   the work waiting for this process's CPU (requests read late, answers relayed late), which
   shows as how much later than asked a short timer fires. While that lag is past
@@ -19,6 +21,7 @@ Two rules:
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Callable
 
@@ -27,10 +30,13 @@ from mservd.errors import MservdError
 TICK = 0.005  # seconds between lag samples
 SMOOTHING = 0.1  # weight of the newest sample: one long turn (a burst) is not a backlog
 MIN_BUSY = 16  # predictions in flight here before lag can mean they are what is waiting
-RATE_SMOOTHING = 0.02  # weight of one tick's answers in a model's rate (about 0.25 s of memory)
+RATE_TICKS = 20  # a model's rate is its answers over the last this many ticks (0.1 s)
 LATENCY_SMOOTHING = 0.05  # weight of one answer's latency in a model's mean
 FLOOR = 8  # a model's limit never goes below this many in flight per process
 SERVICE_DRIFT = 0.01  # per second: how fast a model's quickest answer is forgotten
+SHARE = 3  # while late, a model may have in flight what it answers in wait / SHARE
+RECOVER = 1.0  # seconds over which a model's limit doubles once its answers are on time
+UNLIMITED = 4.0  # ... until it is this many times its limit: then it has none
 
 
 class Overloaded(MservdError):
@@ -71,30 +77,36 @@ class Shedder:
 
 class ModelLimit:
     """How many predictions of one model this process lets in at once (see the module). The
-    server counts ``busy`` around each prediction and reports each on-time answer."""
+    server counts ``busy`` around each prediction, reports each answer, and ticks it."""
 
     def __init__(self, wait: float) -> None:
         self.wait = wait  # seconds a request may queue: max_queue_wait_ms
         self.busy = 0  # in flight now
-        self.rate = 0.0  # answers per second, smoothed
-        self.latency = 0.0  # seconds per answer, smoothed
+        self.rate = 0.0  # answers per second over the last RATE_TICKS ticks
+        self._ticks: collections.deque[tuple[int, float]] = collections.deque(maxlen=RATE_TICKS)
         self._answers = 0  # since the last tick
+        self.latency = 0.0  # seconds per answer, smoothed
         # its quickest answer, forgotten slowly: the model's speed without load, not its
         # latency under load (which would lift the limit just when it matters)
         self.quickest = float("inf")
+        self.late_at = float("-inf")  # when its answers last came back late
 
-    def allowed(self) -> float:
-        """In flight allowed: as many as the model answers here while a request may wait. A
-        model whose quickest answer takes half that wait (a slow model) has no limit here: a
-        refusal saves little next to its answer, and the controller bounds its queue in batch
-        times."""
+    def allowed(self, now: float) -> float:
+        """In flight allowed now (see the module). A model whose quickest answer takes half the
+        wait (a slow model) has no limit here: a refusal saves little next to its answer, and
+        the controller bounds its queue in batch times."""
         if self.quickest > self.wait / 2:
             return float("inf")
-        return max(FLOOR, self.rate * self.wait)
+        if self.latency > self.wait:
+            self.late_at = now
+        growth = 1.0 + (now - self.late_at) / RECOVER
+        if growth >= UNLIMITED:
+            return float("inf")
+        return max(FLOOR, self.rate * self.wait / SHARE * growth)
 
-    def full(self) -> bool:
-        """Refuse the next one? Only while the model's answers come back late."""
-        return self.busy >= self.allowed() and self.latency > self.wait
+    def full(self, now: float) -> bool:
+        """Refuse the next one? Only while the model's answers come back late, or lately."""
+        return self.busy >= self.allowed(now)
 
     def answered(self, seconds: float) -> None:
         self._answers += 1
@@ -102,6 +114,7 @@ class ModelLimit:
         self.quickest = min(self.quickest, seconds)
 
     def tick(self, seconds: float) -> None:
-        self.rate += RATE_SMOOTHING * (self._answers / seconds - self.rate)
+        self._ticks.append((self._answers, seconds))
         self._answers = 0
+        self.rate = sum(n for n, _ in self._ticks) / sum(t for _, t in self._ticks)
         self.quickest *= 1.0 + SERVICE_DRIFT * seconds
