@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import math
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -413,12 +415,35 @@ async def open_loop_async(workload: Workload, rate: float, seconds: float,
 
 def closed_loop(workload: Workload, concurrency: int, seconds: float,
                 max_requests: int | None = None, timeout: float = 30.0) -> Result:
-    return asyncio.run(closed_loop_async(workload, concurrency, seconds, max_requests, timeout))
+    with _no_collection_pauses():
+        return asyncio.run(closed_loop_async(workload, concurrency, seconds, max_requests,
+                                             timeout))
 
 
 def open_loop(workload: Workload, rate: float, seconds: float, max_requests: int | None = None,
               pool: int = 256, timeout: float = 30.0, seed: int = 1) -> Result:
-    return asyncio.run(open_loop_async(workload, rate, seconds, max_requests, pool, timeout, seed))
+    with _no_collection_pauses():
+        return asyncio.run(open_loop_async(workload, rate, seconds, max_requests, pool, timeout,
+                                           seed))
+
+
+@contextlib.contextmanager
+def _no_collection_pauses() -> Iterator[None]:
+    """No garbage collection while load runs. The benchmark process also holds torch and the
+    models (for the in-process limit and the expected answers); a full collection walks all of
+    it and stalls the client for 100 ms or more, which it would report as the latency of the
+    server it is measuring. What the run leaves behind is collected after it."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+        gc.collect()
 
 
 def check_status_only(idx: int, status: int, body: bytes) -> str | None:
