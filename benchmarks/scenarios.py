@@ -71,9 +71,13 @@ def client_ceiling(seconds: float, concurrency: int = 64) -> dict[str, Any]:
 
 
 class MemorySampler:
-    """Samples the system's memory every ``every`` seconds in a thread; keeps the peak."""
+    """Samples the system's memory every ``every`` seconds in a thread; keeps the peak.
 
-    def __init__(self, system: System, every: float = 1.0) -> None:
+    Sparingly: reading a process's smaps_rollup makes the kernel walk its page tables (5-25 ms
+    for a worker that maps torch), holding its memory map, and a sample every second stalled
+    the server it measures (tiny c=64 latency spikes of ~100 ms)."""
+
+    def __init__(self, system: System, every: float = 2.5) -> None:
         self.system = system
         self.every = every
         self.peak: dict[str, Any] | None = None

@@ -68,22 +68,38 @@ def test_a_model_answering_on_time_is_not_limited() -> None:
 
 def test_a_late_model_may_have_in_flight_what_it_answers_in_a_third_of_the_wait() -> None:
     limit = _limit_after([0.002] * 20 + [0.08] * 80)  # 1,000 answers/s, lately all late
-    allowed = limit.allowed(0.0)
-    assert allowed == pytest.approx(1000 * 0.05 / 3, rel=0.05)  # Little's law
-    limit.busy = int(allowed) - 1
-    assert not limit.full(0.0)
-    limit.busy = int(allowed) + 1
-    assert limit.full(0.0)
+    limit.busy = 40
+    assert limit.allowed(0.0) == 40  # late for a moment: it keeps what it has in flight
+    assert limit.allowed(0.2) == 40
+    share = limit.allowed(0.25)  # late for SUSTAIN on end: Little's share of the wait
+    assert share == pytest.approx(1000 * 0.05 / 3, rel=0.05)
+    limit.busy = int(share) - 1
+    assert not limit.full(0.26)
+    limit.busy = int(share) + 1
+    assert limit.full(0.27)
+
+
+def test_a_closed_loop_late_for_a_moment_is_not_cut() -> None:
+    limit = _limit_after([0.002] * 20 + [0.08] * 80)
+    limit.busy = 32  # every client of a closed loop has a request in flight
+    assert limit.allowed(0.0) == 32
+    limit.busy = 31  # one is answered: its client's next request is let in
+    assert not limit.full(0.2)
+    for _ in range(200):
+        limit.answered(0.01)  # on time again before SUSTAIN
+    assert limit.allowed(0.24) >= 32
+    assert limit.allowed(3.0) == float("inf")  # and in a few seconds no limit at all
 
 
 def test_a_limit_is_lifted_step_by_step_once_answers_are_on_time() -> None:
     limit = _limit_after([0.002] * 20 + [0.08] * 80)
-    late = limit.allowed(10.0)  # still late: the limit holds
+    limit.allowed(10.0)
+    share = limit.allowed(10.3)
     for _ in range(200):
         limit.answered(0.01)  # on time again
-    assert limit.allowed(10.5) == pytest.approx(1.5 * late)
-    assert limit.allowed(11.0) == pytest.approx(2 * late)
-    assert limit.allowed(13.0) == float("inf")
+    assert limit.allowed(10.6) == pytest.approx(1.3 * share)
+    assert limit.allowed(11.1) > 1.6 * share
+    assert limit.allowed(13.1) == float("inf")
 
 
 def test_a_limit_never_falls_below_its_floor() -> None:

@@ -8,9 +8,11 @@ Two rules:
   than ``max_queue_wait_ms``, it may have only as many predictions in flight from this process
   as it answers here in a third of that time. By Little's law that puts their mean latency at
   a third of the wait, so even the slow tail (two to three times the mean) stays inside it.
-  The rate is measured from the answers, so the limit follows the model's real speed. Once the
-  answers are on time again the limit doubles each second until, at four times, it is lifted:
-  a model that answers on time is not limited, so a burst onto an idle model is let in.
+  The rate is measured from the answers, so the limit follows the model's real speed. A model
+  late only for a moment keeps what it has in flight (see :meth:`ModelLimit.allowed`). Once
+  the answers are on time again the limit grows (about 2.7 times a second) until, at four
+  times the share, it is lifted: a model that answers on time is not limited, so a burst onto
+  an idle model is let in.
 - **the event loop's lag** (:class:`Shedder`): under overload the queue that grows first may be
   the work waiting for this process's CPU (requests read late, answers relayed late), which
   shows as how much later than asked a short timer fires. While that lag is past
@@ -34,9 +36,10 @@ RATE_TICKS = 20  # a model's rate is its answers over the last this many ticks (
 LATENCY_SMOOTHING = 0.05  # weight of one answer's latency in a model's mean
 FLOOR = 8  # a model's limit never goes below this many in flight per process
 SERVICE_DRIFT = 0.01  # per second: how fast a model's quickest answer is forgotten
-SHARE = 3  # while late, a model may have in flight what it answers in wait / SHARE
-RECOVER = 1.0  # seconds over which a model's limit doubles once its answers are on time
-UNLIMITED = 4.0  # ... until it is this many times its limit: then it has none
+SHARE = 3  # while late, a model may have in flight what it answers in wait / SHARE ...
+SUSTAIN = 0.25  # ... once late this many seconds on end; before that, what it had in flight
+RECOVER = 1.0  # once on time, a model's limit grows by e every RECOVER seconds ...
+UNLIMITED = 4.0  # ... until it is this many times the first: then it has none
 
 
 class Overloaded(MservdError):
@@ -89,20 +92,36 @@ class ModelLimit:
         # its quickest answer, forgotten slowly: the model's speed without load, not its
         # latency under load (which would lift the limit just when it matters)
         self.quickest = float("inf")
-        self.late_at = float("-inf")  # when its answers last came back late
+        self.limit = float("inf")  # in flight allowed; none while the answers are on time
+        self._late_since: float | None = None  # late on end since then
+        self._changed = 0.0  # when the limit last moved
 
     def allowed(self, now: float) -> float:
         """In flight allowed now (see the module). A model whose quickest answer takes half the
         wait (a slow model) has no limit here: a refusal saves little next to its answer, and
-        the controller bounds its queue in batch times."""
+        the controller bounds its queue in batch times.
+
+        When the answers turn late the limit first holds what is in flight: a closed loop (a
+        fixed set of clients, each sending again at once, even after a refusal) that was late
+        for a moment is not cut, which would only make its clients spin on refusals. Late for
+        SUSTAIN seconds on end, it is cut to Little's share of the wait."""
         if self.quickest > self.wait / 2:
             return float("inf")
+        share = max(FLOOR, self.rate * self.wait / SHARE)
         if self.latency > self.wait:
-            self.late_at = now
-        growth = 1.0 + (now - self.late_at) / RECOVER
-        if growth >= UNLIMITED:
-            return float("inf")
-        return max(FLOOR, self.rate * self.wait / SHARE * growth)
+            if self._late_since is None:
+                self._late_since = now
+                self.limit = min(self.limit, max(self.busy, share))
+            elif now - self._late_since >= SUSTAIN:
+                self.limit = share
+            self._changed = now
+        elif self.limit != float("inf"):
+            self._late_since = None
+            self.limit *= 1.0 + (now - self._changed) / RECOVER
+            self._changed = now
+            if self.limit >= UNLIMITED * share:
+                self.limit = float("inf")
+        return self.limit
 
     def full(self, now: float) -> bool:
         """Refuse the next one? Only while the model's answers come back late, or lately."""
