@@ -102,6 +102,18 @@ def test_a_limit_is_lifted_step_by_step_once_answers_are_on_time() -> None:
     assert limit.allowed(13.1) == float("inf")
 
 
+def test_a_model_left_idle_after_being_late_takes_the_next_burst() -> None:
+    limit = _limit_after([0.002] * 20 + [0.08] * 80)
+    limit.busy = 30
+    limit.allowed(0.0)
+    assert limit.allowed(0.3) < 30  # late on end: cut to its share
+    limit.busy = 0
+    for _ in range(100):  # half a second with nothing in flight
+        limit.tick(0.005)
+    limit.busy = 100
+    assert not limit.full(5.0)  # a burst much later: let in
+
+
 def test_a_limit_never_falls_below_its_floor() -> None:
     limit = _limit_after([0.002] + [0.2] * 10)
     assert limit.allowed(0.0) == FLOOR

@@ -39,7 +39,8 @@ SERVICE_DRIFT = 0.01  # per second: how fast a model's quickest answer is forgot
 SHARE = 3  # while late, a model may have in flight what it answers in wait / SHARE ...
 SUSTAIN = 0.25  # ... once late this many seconds on end; before that, what it had in flight
 RECOVER = 1.0  # once on time, a model's limit grows by e every RECOVER seconds ...
-UNLIMITED = 4.0  # ... until it is this many times the first: then it has none
+UNLIMITED = 4.0  # ... until it is this many times its share: then it has none
+IDLE_FADE = 0.9  # per tick with nothing in flight: an idle model's lateness fades
 
 
 class Overloaded(MservdError):
@@ -133,6 +134,8 @@ class ModelLimit:
         self.quickest = min(self.quickest, seconds)
 
     def tick(self, seconds: float) -> None:
+        if not self.busy and not self._answers:
+            self.latency *= IDLE_FADE  # nothing waits: the next burst is not judged by the last
         self._ticks.append((self._answers, seconds))
         self._answers = 0
         self.rate = sum(n for n, _ in self._ticks) / sum(t for _, t in self._ticks)
