@@ -79,13 +79,15 @@ def configure_logging(settings: Settings, log_dir: Path, to_stderr: bool) -> Non
         root.addHandler(stream)
 
 
-def bind_listener(address: str, what: str) -> socket.socket:
+def bind_listener(address: str, what: str, reuse_port: bool = False) -> socket.socket:
     scheme, host, port = parse_address(address)
     if scheme != "http":
         raise StartError(f"{what} {address!r}: only http:// is served; put TLS in front.")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -95,6 +97,17 @@ def bind_listener(address: str, what: str) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def sibling_listener(sock: socket.socket) -> socket.socket:
+    """Another listener on ``sock``'s address, in its SO_REUSEPORT group."""
+    sibling = socket.socket(sock.family, socket.SOCK_STREAM)
+    sibling.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sibling.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sibling.bind(sock.getsockname()[:2])
+    sibling.listen(2048)
+    sibling.set_inheritable(True)
+    return sibling
 
 
 def startup_models(settings: Settings) -> list[tuple[str | None, str]]:
@@ -151,7 +164,9 @@ class Daemon:
         for what, address in (("inference_address", settings.inference_address),
                               ("management_address", settings.management_address),
                               ("metrics_address", settings.metrics_address)):
-            self.listeners[what.split("_")[0]] = bind_listener(address, what)
+            api = what.split("_")[0]
+            self.listeners[api] = bind_listener(address, what, reuse_port=api == "inference"
+                                                and hasattr(socket, "SO_REUSEPORT"))
         self._addresses = self.addresses()
         state_path(self.log_dir).unlink(missing_ok=True)
         pid_path(self.log_dir).write_text(str(os.getpid()))
@@ -247,7 +262,8 @@ class Daemon:
         self.stop_signal = True  # the loop sees it within one turn
 
     def start_frontend(self, run_dir: Path, auth: bool) -> None:
-        """The HTTP frontends: ``frontend_workers`` processes sharing the three listeners."""
+        """The HTTP frontends: ``frontend_workers`` processes, sharing the management and
+        metrics listeners, each with its own inference listener on the one port."""
         settings = self.settings
         spec = {
             "controller": f"ipc://{run_dir}/frontend.sock",
@@ -265,13 +281,27 @@ class Daemon:
             "reply_timeout": 2 * settings.default_response_timeout
                              + settings.default_startup_timeout + 60,
         }
-        fds = [listener["fd"] for listener in spec["listeners"].values()]
-        for _ in range(settings.frontend_workers):
+        # Each frontend accepts on its own inference listener, all on one port (SO_REUSEPORT):
+        # the kernel spreads new connections evenly over them, where on one shared listener
+        # whichever process woke first took most of them. The daemon keeps no copy, so a
+        # frontend that dies takes its listener out of the group instead of leaving it to
+        # gather connections nobody accepts.
+        inference = self.listeners["inference"]
+        spread = hasattr(socket, "SO_REUSEPORT")  # as bound in run(); Linux, macOS, BSD
+        for index in range(settings.frontend_workers):
+            own = inference if index == 0 or not spread else sibling_listener(inference)
+            listeners = {**spec["listeners"],
+                         "inference": {**spec["listeners"]["inference"], "fd": own.fileno()}}
             with open(self.log_dir / "frontend.log", "ab") as out:
                 self.http_frontends.append(subprocess.Popen(
-                    [sys.executable, "-m", "mservd.frontends.http.server", json.dumps(spec)],
-                    pass_fds=fds, stdin=subprocess.DEVNULL, stdout=out,
-                    stderr=subprocess.STDOUT))
+                    [sys.executable, "-m", "mservd.frontends.http.server",
+                     json.dumps({**spec, "listeners": listeners})],
+                    pass_fds=[listener["fd"] for listener in listeners.values()],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT))
+            if own is not inference:
+                own.close()
+        if spread:
+            inference.close()
         log.info("HTTP frontends started (pids %s) on ports %s",
                  ", ".join(str(p.pid) for p in self.http_frontends),
                  {api: listener["port"] for api, listener in spec["listeners"].items()})

@@ -175,3 +175,48 @@ def test_a_queue_that_stands_still_refuses_new_requests_at_once(daemon_factory) 
     after = daemon.predict("echo", json={"n": "after"})
     assert after.status_code == 200  # the queue moved again: requests are taken again
     assert requests.get(daemon.url("inference", "/ping"), timeout=10).status_code == 200
+
+
+def test_connections_are_spread_over_the_frontends_and_a_dead_one_drops_out(
+        daemon_factory) -> None:
+    import os
+    import signal
+
+    import psutil
+
+    daemon = daemon_factory({"frontend_workers": 2})
+    port = urlsplit(daemon.url("inference", "/")).port
+    frontends = [p for p in psutil.Process(daemon.proc.pid).children()
+                 if "mservd.frontends.http.server" in " ".join(p.cmdline())]
+    assert len(frontends) == 2
+    ping = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
+    socks = [connect(daemon) for _ in range(32)]
+    for sock in socks:
+        sock.sendall(ping)
+    for sock in socks:
+        assert read_answers(sock, 1)[0][0] == 200
+
+    def held(frontend: psutil.Process) -> int:
+        return sum(1 for c in frontend.net_connections(kind="tcp")
+                   if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+    # each its own listener on the one port: the kernel deals the connections out evenly
+    # (fewer than 4 of 32 on one side has odds of about one in a million)
+    assert [held(f) for f in frontends] != [0, 0]
+    assert min(held(f) for f in frontends) >= 4, [held(f) for f in frontends]
+    for sock in socks:
+        sock.close()
+
+    os.kill(frontends[0].pid, signal.SIGKILL)  # its listener goes with it
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # dead once its files are closed (a zombie is)
+        try:
+            if frontends[0].status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    for _ in range(16):  # every new connection lands on the one that is left
+        with connect(daemon) as sock:
+            sock.sendall(ping)
+            assert read_answers(sock, 1)[0][0] == 200
