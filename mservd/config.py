@@ -515,9 +515,9 @@ class Settings:
             "When the oldest request queued for a model has waited this many ms beyond its "
             "max_batch_delay (or four of the model's batch times, if longer), new requests for it "
             "are refused at once with 503 and Retry-After instead of queueing. Each HTTP frontend "
-            "also lets a fast model whose answers keep coming back later than this have only as "
-            "many predictions in flight as it answers in a third of this time. 0 turns both "
-            "off.",
+            "also keeps a fast model's predictions in flight to what it answers in this time, "
+            "and to what it answers in a third of it once more arrive than it answers. 0 turns "
+            "both off.",
             _at_least(0),
         ),
     )

@@ -99,7 +99,7 @@ def test_a_silent_connection_is_closed_after_the_keepalive_time(daemon) -> None:
     assert 3.0 < time.monotonic() - started < 15.0
 
 
-def test_a_model_whose_answers_come_late_is_refused_at_the_door(daemon_factory) -> None:
+def test_a_fast_model_gets_no_more_in_flight_than_it_answers_in_the_wait(daemon_factory) -> None:
     daemon = daemon_factory({"load_models": "echo.mar", "batch_size": 1,
                              "default_workers_per_model": 2, "frontend_workers": 1,
                              "max_queue_wait_ms": 100})
@@ -109,35 +109,38 @@ def test_a_model_whose_answers_come_late_is_refused_at_the_door(daemon_factory) 
     for n in range(3):  # quick answers: echo is a fast model, one the frontend may limit
         assert session.post(url, json={"n": n}, timeout=10).status_code == 200
 
-    def late(count: int, sleep: float, out: list) -> None:
+    def slow(out: list, sleep: float, count: int = 1) -> None:
         with requests.Session() as own:
             own.headers.update(session.headers)
-            for n in range(count):
-                out.append(own.post(url, json={"sleep": sleep, "n": n}, timeout=60))
+            for _ in range(count):
+                out.append(own.post(url, json={"sleep": sleep}, timeout=60))
 
-    warm: list = []  # its answers now come back late (0.3 s against a 100 ms wait)
-    threads = [threading.Thread(target=late, args=(5, 0.3, warm)) for _ in range(2)]
+    warm: list = []  # its answers slow down, and it answers a few a second at best
+    threads = [threading.Thread(target=slow, args=(warm, 0.3, 5)) for _ in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    held: list = []  # as many in flight as the frontend's floor lets in
-    threads = [threading.Thread(target=late, args=(1, 1.0, held)) for _ in range(8)]
+    # so all it may have in flight here is the floor: 8
+    held: list = []
+    threads = [threading.Thread(target=slow, args=(held, 1.0)) for _ in range(8)]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)  # late for longer than a moment (SUSTAIN): the limit is its share now
+    time.sleep(0.5)
     started = time.monotonic()
     refused = session.post(url, json={"n": "one more"}, timeout=10)
     took = time.monotonic() - started
     for thread in threads:
         thread.join()
-    assert [r.status_code for r in warm] == [200] * 10
     assert refused.status_code == 503, refused.text
     assert refused.headers["Retry-After"] == "1"
-    assert "in flight from this frontend" in refused.json()["message"]
+    assert "8 of its predictions are in flight from this frontend" in refused.json()["message"]
     assert "x-request-id" not in refused.headers  # it never reached the controller
     assert took < 0.5
+    assert [r.status_code for r in warm] == [200] * 10
     assert sorted(r.status_code for r in held) == [200] * 8  # those let in are all answered
+    after = session.post(url, json={"n": "after"}, timeout=10)
+    assert after.status_code == 200  # answered, nothing in flight: let in again
 
 
 def test_a_queue_that_stands_still_refuses_new_requests_at_once(daemon_factory) -> None:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mservd.frontends.http.shedding import FLOOR, ModelLimit, Overloaded, Shedder
+from mservd.frontends.http.shedding import FLOOR, SHARE, TICK, ModelLimit, Overloaded, Shedder
 
 
 def test_a_loop_running_behind_sheds_and_a_caught_up_one_does_not() -> None:
@@ -45,91 +45,113 @@ def test_limit_zero_never_sheds() -> None:
         loop.close()
 
 
-def _limit_after(answers: list[float], wait: float = 0.05, seconds: float = 0.1) -> ModelLimit:
-    """A limit that saw these answer times, spread evenly over ``seconds`` of 5 ms ticks."""
-    limit = ModelLimit(wait)
-    ticks = int(seconds / 0.005)
-    per_tick = len(answers) / ticks
-    done = 0.0
-    for _ in range(ticks):
-        done += per_tick
-        while answers and done >= 1:
-            limit.answered(answers.pop(0))
-            done -= 1
-        limit.tick(0.005)
+def _run(limit: ModelLimit, seconds: float, answers: int = 5, latency: float = 0.01,
+         busy: int | None = None, grow: int = 0, refused: int = 0) -> ModelLimit:
+    """Tick ``limit`` for ``seconds`` (5 ms ticks): each tick, ``answers`` answered after
+    ``latency`` seconds, ``refused`` refused at the door, and what is in flight set to ``busy``
+    or grown by ``grow``."""
+    for _ in range(round(seconds / TICK)):
+        for _ in range(answers):
+            limit.answered(latency)
+        if busy is not None:
+            limit.busy = busy
+        limit.busy += grow
+        limit.refused = refused
+        limit.tick(TICK)
     return limit
 
 
+def _fast_model(busy: int = 20) -> ModelLimit:
+    """A fast model (2 ms at best) answering 1,000 a second, on time, for a second."""
+    limit = ModelLimit(0.05)
+    limit.answered(0.002)
+    return _run(limit, 1.0, answers=5, latency=0.01, busy=busy)
+
+
 def test_a_model_answering_on_time_is_not_limited() -> None:
-    limit = _limit_after([0.002] * 20 + [0.03] * 100)
-    limit.busy = 500
-    assert not limit.full(0.0)  # answers inside max_queue_wait_ms: a burst is let in
+    limit = _fast_model(busy=30)
+    assert limit.limited == float("inf")
+    assert not limit.full()  # 30 in flight, on time: a closed loop is let be
 
 
-def test_a_late_model_may_have_in_flight_what_it_answers_in_a_third_of_the_wait() -> None:
-    limit = _limit_after([0.002] * 20 + [0.08] * 80)  # 1,000 answers/s, lately all late
-    limit.busy = 40
-    assert limit.allowed(0.0) == 40  # late for a moment: it keeps what it has in flight
-    assert limit.allowed(0.2) == 40
-    share = limit.allowed(0.25)  # late for SUSTAIN on end: Little's share of the wait
-    assert share == pytest.approx(1000 * 0.05 / 3, rel=0.05)
-    limit.busy = int(share) - 1
-    assert not limit.full(0.26)
-    limit.busy = int(share) + 1
-    assert limit.full(0.27)
+def test_a_slowing_model_never_has_more_in_flight_than_it_answers_in_the_wait() -> None:
+    limit = _fast_model()
+    _run(limit, 0.1, latency=0.02)  # its answers slow down past a third of the wait
+    assert limit.capacity == pytest.approx(1000, rel=0.02)
+    # 1,000 a second for 50 ms: a mean wait of the whole max_queue_wait_ms
+    assert limit.allowed == pytest.approx(limit.capacity * 0.05)
+    limit.busy = 48
+    assert not limit.full()
+    limit.busy = 52
+    assert limit.full()
 
 
-def test_a_closed_loop_late_for_a_moment_is_not_cut() -> None:
-    limit = _limit_after([0.002] * 20 + [0.08] * 80)
-    limit.busy = 32  # every client of a closed loop has a request in flight
-    assert limit.allowed(0.0) == 32
-    limit.busy = 31  # one is answered: its client's next request is let in
-    assert not limit.full(0.2)
-    for _ in range(200):
-        limit.answered(0.01)  # on time again before SUSTAIN
-    assert limit.allowed(0.24) >= 32
-    assert limit.allowed(3.0) == float("inf")  # and in a few seconds no limit at all
+def test_a_burst_onto_a_quick_model_is_let_in() -> None:
+    limit = _fast_model(busy=2)
+    _run(limit, 0.2, busy=45, latency=0.02)  # one jump, then steady: a closed loop starting
+    assert limit.limited == float("inf") and not limit.full()
+    limit = _run(ModelLimit(0.05), 1.0, answers=1, latency=0.002, busy=1)  # 200 a second
+    limit.busy = 300  # a burst far past what it was ever asked for: quick answers, let in
+    assert not limit.full()
 
 
-def test_a_limit_is_lifted_step_by_step_once_answers_are_on_time() -> None:
-    limit = _limit_after([0.002] * 20 + [0.08] * 80)
-    limit.allowed(10.0)
-    share = limit.allowed(10.3)
-    for _ in range(200):
-        limit.answered(0.01)  # on time again
-    assert limit.allowed(10.6) == pytest.approx(1.3 * share)
-    assert limit.allowed(11.1) > 1.6 * share
-    assert limit.allowed(13.1) == float("inf")
+def test_a_model_whose_in_flight_keeps_rising_is_limited_to_its_share() -> None:
+    limit = _run(_fast_model(busy=2), 0.1, grow=2)  # a steady excess of arrivals
+    assert limit.busy > 25  # past half its ceiling
+    assert limit.limited == pytest.approx(1000 * 0.05 / SHARE, rel=0.05)
+    assert limit.full()
 
 
-def test_a_model_left_idle_after_being_late_takes_the_next_burst() -> None:
-    limit = _limit_after([0.002] * 20 + [0.08] * 80)
-    limit.busy = 30
-    limit.allowed(0.0)
-    assert limit.allowed(0.3) < 30  # late on end: cut to its share
-    limit.busy = 0
-    for _ in range(100):  # half a second with nothing in flight
-        limit.tick(0.005)
-    limit.busy = 100
-    assert not limit.full(5.0)  # a burst much later: let in
+def test_a_model_whose_answers_come_late_is_limited() -> None:
+    limit = _fast_model(busy=30)
+    _run(limit, 0.3, latency=0.08, busy=30)  # no rise, but answers later than the wait
+    assert limit.limited == pytest.approx(1000 * 0.05 / SHARE, rel=0.05)
+
+
+def test_a_limit_follows_the_latency_and_is_lifted_when_nothing_is_refused() -> None:
+    limit = _run(_fast_model(busy=2), 0.1, grow=2)
+    share = limit.limited
+    _run(limit, 0.2, latency=0.03, busy=int(share), refused=3)  # late for the share's target
+    assert limit.limited <= share
+    held = limit.limited
+    _run(limit, 0.2, latency=0.005, busy=int(held), refused=3)  # on time: it grows
+    assert limit.limited > held * 1.1
+    _run(limit, 0.6, latency=0.005, busy=5)  # nothing refused for LIFT: lifted
+    assert limit.limited == float("inf")
+
+
+def test_clients_spinning_on_refusals_lift_the_limit_for_a_while() -> None:
+    limit = _run(_fast_model(busy=2), 0.1, grow=2)
+    assert limit.limited < float("inf")
+    _run(limit, 0.1, busy=40, refused=15)  # 3,000 refused a second: clients resending at once
+    assert limit.allowed == float("inf") and not limit.full()
+    _run(limit, 1.0, busy=40, latency=0.02)
+    assert limit.allowed < float("inf")  # calm is over: a slowing model has its ceiling back
 
 
 def test_a_limit_never_falls_below_its_floor() -> None:
-    limit = _limit_after([0.002] + [0.2] * 10)
-    assert limit.allowed(0.0) == FLOOR
-    limit.busy = FLOOR - 1
-    assert not limit.full(0.0)
+    limit = _run(_fast_model(busy=2), 0.1, grow=2)
+    _run(limit, 1.0, answers=1, latency=0.2, busy=40, refused=1)  # 200 a second, all late
+    assert limit.limited == FLOOR
 
 
 def test_a_slow_model_is_left_to_the_controller() -> None:
-    limit = _limit_after([0.4] * 100)  # its quickest answer is far past half the wait
-    limit.busy = 1000
-    assert limit.allowed(0.0) == float("inf") and not limit.full(0.0)
+    limit = ModelLimit(0.05)
+    _run(limit, 1.0, answers=1, latency=0.4, busy=1000)  # its quickest answer: far past the wait
+    assert limit.allowed == float("inf") and not limit.full()
+
+
+def test_an_idle_model_s_lateness_fades() -> None:
+    limit = _fast_model()
+    _run(limit, 0.1, latency=0.2)
+    assert limit.latency > 0.05
+    _run(limit, 0.2, answers=0, busy=0)
+    assert limit.latency < 0.01  # the next burst is not judged by the last one's lateness
 
 
 def test_a_model_s_quickest_answer_is_forgotten_slowly() -> None:
-    limit = _limit_after([0.002] + [0.08] * 100)
+    limit = _fast_model()
+    _run(limit, 0.1, latency=0.08)
     assert limit.quickest == pytest.approx(0.002, rel=0.05)  # load does not lift it
-    for _ in range(200 * 60):  # a minute of ticks
-        limit.tick(0.005)
+    _run(limit, 60.0, answers=0, busy=0)  # a minute idle
     assert 0.0035 < limit.quickest < 0.004  # about 1 % a second

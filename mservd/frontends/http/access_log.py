@@ -1,5 +1,8 @@
 """The HTTP frontends' access log: one line per request, in gunicorn's format (which
-TorchServe users' log tooling already reads), or one JSON object with ``log_format=json``."""
+TorchServe users' log tooling already reads), or one JSON object with ``log_format=json``.
+
+Lines are buffered and written together by :meth:`AccessLog.flush`, which the server calls a
+few times a second: a write call per request was a measurable share of a refusal's cost."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ from typing import IO
 
 class AccessLog:
     def __init__(self, path: str | None, log_format: str = "plain") -> None:
-        self.file: IO[str] | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115
+        self.file: IO[str] | None = open(path, "a") if path else None  # noqa: SIM115
+        self.lines: list[str] = []
         self.json = log_format == "json"
         self._second = -1
         self._stamp = ""
@@ -34,9 +38,17 @@ class AccessLog:
                                "request_id": rid})
         else:
             line = f'{self._now()} {client} "{method} {url} HTTP/{version}" {status} {micros}us {rid}'
-        self.file.write(line + "\n")
+        self.lines.append(line)
+
+    def flush(self) -> None:
+        if self.file is not None and self.lines:
+            self.lines.append("")
+            self.file.write("\n".join(self.lines))
+            self.file.flush()
+            self.lines.clear()
 
     def close(self) -> None:
         if self.file is not None:
+            self.flush()
             self.file.close()
             self.file = None

@@ -55,7 +55,7 @@ from mservd.frontends.http.inference import (
 from mservd.frontends.http.management import create_management_app
 from mservd.frontends.http.metrics import MetricsApp
 from mservd.frontends.http.responses import status_line
-from mservd.frontends.http.shedding import ModelLimit, Overloaded, Shedder
+from mservd.frontends.http.shedding import INFINITE, ModelLimit, Overloaded, Shedder
 from mservd.lifeline import die_with_parent
 from mservd.log_format import log_to_stderr
 
@@ -68,6 +68,7 @@ REFUSAL_HOLD = 0.02  # seconds
 REFUSAL_HEADERS = [("Content-Type", "application/json"), ("Retry-After", "1")]
 MAX_PIPELINED = 16  # requests parsed ahead of their turn on one connection before reading pauses
 KEEPALIVE = 5.0  # seconds a connection may sit silent between requests
+ACCESS_FLUSH = 0.1  # seconds between writes of the access log's buffered lines
 MAX_URL = 8192
 MAX_HEADER_BYTES = 65536
 PREDICTION_PREFIXES = ("/predictions/", "/explanations/")
@@ -214,15 +215,13 @@ class Connection(asyncio.Protocol):
 
     def write(self, status: int, headers: list[tuple[str, str]], body: bytes,
               keep_alive: bool) -> None:
+        self.write_raw(render(status, headers, body, keep_alive), keep_alive)
+
+    def write_raw(self, answer: bytes, keep_alive: bool) -> None:
+        """Write a whole rendered answer (see :func:`render`)."""
         if self.closed or self.transport is None:
             return
-        head = [f"HTTP/1.1 {status_line(status)}\r\n"]
-        head.extend(f"{name}: {value}\r\n" for name, value in headers)
-        head.append(f"Content-Length: {len(body)}\r\n")
-        if not keep_alive:
-            head.append("Connection: close\r\n")
-        head.append("\r\n")
-        self.transport.write("".join(head).encode("latin-1") + body)
+        self.transport.write(answer)
         self.finish(keep_alive)
 
     def finish(self, keep_alive: bool) -> None:
@@ -294,8 +293,15 @@ class HttpServer:
         self.connections: set[Connection] = set()
         self.max_connections = int(spec.get("connections", 1000))
         self.refusing: dict[str, tuple[float, bytes]] = {}  # model path -> (until, answer)
+        self.refusal_bodies: dict[tuple[str, int], bytes] = {}  # (model path, limit) -> body
+        self.refusal_answers: dict[bytes, bytes] = {}  # body -> the whole rendered answer
         self.stopping = False
         loop.call_later(1.0, self.close_idle)
+        loop.call_later(ACCESS_FLUSH, self.flush_access_log)
+
+    def flush_access_log(self) -> None:
+        self.access.flush()
+        self.loop.call_later(ACCESS_FLUSH, self.flush_access_log)
 
     def close_idle(self) -> None:
         """Once a second: hang up on connections silent for KEEPALIVE seconds, mid-request or
@@ -308,28 +314,49 @@ class HttpServer:
 
     def dispatch(self, conn: Connection, request: Request) -> None:
         """Answer a refused prediction here and now (no task, no controller: under overload
-        this is most requests, and what it costs is what the others wait for); run the rest."""
+        this is most requests, and what it costs is what the others wait for); run the rest.
+        A prediction let in counts against its model's limit from here, not from when its task
+        runs: the requests read in one turn of the loop are all let in before any task runs."""
+        try:
+            self._dispatch(conn, request)
+        except Exception:  # inside the parser's callback: a bug must cost one answer, not a 400
+            log.exception("%s request %s %s failed", conn.api, request.method, request.path)
+            self.answer_error(conn, request, MservdError("Internal error; see frontend.log."))
+
+    def _dispatch(self, conn: Connection, request: Request) -> None:
+        limit = None
         if conn.api == "inference" and request.path.startswith(PREDICTION_PREFIXES):
             refusal = self.refusal(request)
             if refusal is not None:
-                conn.write(503, REFUSAL_HEADERS, refusal, request.keep_alive)
+                if request.keep_alive:
+                    conn.write_raw(self.refusal_answer(refusal), True)
+                else:
+                    conn.write(503, REFUSAL_HEADERS, refusal, False)
                 self.access.write(request.client, request.method, request.url.decode("latin-1"),
                                   request.version, 503, request.started, "-")
                 return
-        asyncio.ensure_future(self.handle(conn, request))
+            limit = self.limits.get(request.path)
+            if limit is not None:
+                limit.busy += 1
+        asyncio.ensure_future(self.handle(conn, request, limit))
 
     def tick_limits(self, seconds: float) -> None:
-        for limit in self.limits.values():
+        for path, limit in self.limits.items():
+            was = limit.limited
             limit.tick(seconds)
+            if (was == INFINITE) != (limit.limited == INFINITE):
+                if was == INFINITE:
+                    log.info("%s limited to %d in flight from this frontend: more arrive than "
+                             "it answers within max_queue_wait_ms", path, limit.limited)
+                else:
+                    log.info("%s no longer limited", path)
 
     def refusal(self, request: Request) -> bytes | None:
-        """The answer to a prediction refused at the door, or None to let it in."""
+        """The body of the answer to a prediction refused at the door, or None to let it in."""
         limit = self.limits.get(request.path)
-        if limit is not None and limit.full(time.perf_counter()):
-            return Overloaded(
-                "Requested model is overloaded: its answers come back later than "
-                f"max_queue_wait_ms ({self.queue_wait * 1000:.0f} ms) and {limit.busy} of its "
-                "predictions are in flight from this frontend; retry later.").to_body()
+        if limit is not None and limit.full():
+            limit.refused += 1
+            return self.refusal_body(request.path, int(limit.allowed))
         held = self.refusing.get(request.path)
         if held is not None:
             if time.monotonic() < held[0]:
@@ -337,11 +364,33 @@ class HttpServer:
             del self.refusing[request.path]
         return None
 
-    async def handle(self, conn: Connection, request: Request) -> None:
+    def refusal_body(self, path: str, limit: int) -> bytes:
+        body = self.refusal_bodies.get((path, limit))
+        if body is None:
+            if len(self.refusal_bodies) > 256:
+                self.refusal_bodies.clear()
+            body = self.refusal_bodies[(path, limit)] = Overloaded(
+                f"Requested model is overloaded: {limit} of its predictions are in flight from "
+                "this frontend, as many as it answers in time at its pace (max_queue_wait_ms is "
+                f"{self.queue_wait * 1000:.0f} ms); retry later."
+            ).to_body()
+        return body
+
+    def refusal_answer(self, body: bytes) -> bytes:
+        """A refusal rendered once per body and kept: under overload it is most answers."""
+        answer = self.refusal_answers.get(body)
+        if answer is None:
+            if len(self.refusal_answers) > 256:
+                self.refusal_answers.clear()
+            answer = self.refusal_answers[body] = render(503, REFUSAL_HEADERS, body, True)
+        return answer
+
+    async def handle(self, conn: Connection, request: Request,
+                     limit: ModelLimit | None = None) -> None:
         status, rid = 500, "-"
         try:
             if conn.api == "inference" and request.path.startswith(PREDICTION_PREFIXES):
-                status, rid = await self.predict(conn, request)
+                status, rid = await self.predict(conn, request, limit)
             else:
                 status, rid = await self.run_wsgi(conn, request)
         except MservdError as exc:
@@ -353,6 +402,9 @@ class HttpServer:
         except Exception:  # a bug must cost one answer, never the connection's loop
             log.exception("%s request %s %s failed", conn.api, request.method, request.path)
             self.answer_error(conn, request, MservdError("Internal error; see frontend.log."))
+        finally:
+            if limit is not None:
+                limit.busy -= 1
         self.access.write(request.client, request.method, request.url.decode("latin-1"),
                           request.version, status, request.started, rid)
 
@@ -364,7 +416,8 @@ class HttpServer:
 
     # -- the hot path ----------------------------------------------------------------------
 
-    async def predict(self, conn: Connection, request: Request) -> tuple[int, str]:
+    async def predict(self, conn: Connection, request: Request,
+                      limit: ModelLimit | None) -> tuple[int, str]:
         if request.method not in ("POST", "PUT"):
             raise MethodNotAllowed(f"Method {request.method} is not allowed on {request.path}; "
                                    "use POST.")
@@ -390,9 +443,6 @@ class HttpServer:
         frames = protocol.predict_frames(route, protocol.pack_meta(inputs, forwarded, explain),
                                          payloads)
         conn.rid = rid
-        limit = self.limits.get(request.path)
-        if limit is not None:
-            limit.busy += 1
         self.shedder.busy += 1
         try:
             reply = await self.bridge.call(rid, frames, self.reply_timeout, stream=True)
@@ -401,11 +451,9 @@ class HttpServer:
         finally:
             conn.rid = None
             self.shedder.busy -= 1
-            if limit is not None:
-                limit.busy -= 1
         if reply.status < 300 and self.queue_wait:
             if limit is None:  # known once it answers: a client's typo makes no entry
-                limit = self.limits[request.path] = ModelLimit(self.queue_wait)
+                limit = self.limits.setdefault(request.path, ModelLimit(self.queue_wait))
             limit.answered(time.perf_counter() - request.started)
         out = [("Content-Type", reply.content_type), ("x-request-id", rid_text)]
         if reply.headers:
@@ -516,6 +564,17 @@ class HttpServer:
         for pool in self.threads.values():
             pool.shutdown(wait=False, cancel_futures=True)
         self.bridge.close()
+
+
+def render(status: int, headers: list[tuple[str, str]], body: bytes, keep_alive: bool) -> bytes:
+    """One whole HTTP/1.1 answer: status line, headers, Content-Length, body."""
+    head = [f"HTTP/1.1 {status_line(status)}\r\n"]
+    head.extend(f"{name}: {value}\r\n" for name, value in headers)
+    head.append(f"Content-Length: {len(body)}\r\n")
+    if not keep_alive:
+        head.append("Connection: close\r\n")
+    head.append("\r\n")
+    return "".join(head).encode("latin-1") + body
 
 
 async def _with_first(first: list[bytes], rest: Any):

@@ -4,15 +4,17 @@ and nothing downstream (controller, workers) ever sees it.
 
 Two rules:
 
-- **a model's concurrency limit** (:class:`ModelLimit`): once a model's answers come back later
-  than ``max_queue_wait_ms``, it may have only as many predictions in flight from this process
-  as it answers here in a third of that time. By Little's law that puts their mean latency at
-  a third of the wait, so even the slow tail (two to three times the mean) stays inside it.
-  The rate is measured from the answers, so the limit follows the model's real speed. A model
-  late only for a moment keeps what it has in flight (see :meth:`ModelLimit.allowed`). Once
-  the answers are on time again the limit grows (about 2.7 times a second) until, at four
-  times the share, it is lifted: a model that answers on time is not limited, so a burst onto
-  an idle model is let in.
+- **a model's concurrency limit** (:class:`ModelLimit`), per model and per frontend process.
+  What a fast model has in flight is never more than it answers within ``max_queue_wait_ms``
+  at its best lately (its *capacity*): by Little's law that is a mean wait of the whole
+  allowance. Once more arrive than it answers — what it has in flight keeps rising, or its
+  answers come back later than the wait — and it already has half that in flight, the model is
+  *limited*: to what it answers in a third of the wait, so the tail too stays inside it. While
+  limited, the limit follows Little's share while answers are late and grows while they are on
+  time; nothing refused for half a second lifts it. A closed loop (a fixed set of clients,
+  each sending again at once) neither keeps rising nor, at a sane size, waits longer than the
+  wait, so it is let be; if one is limited all the same its clients spin on refusals, far
+  faster than any open arrival rate, and that lifts the limit for a second.
 - **the event loop's lag** (:class:`Shedder`): under overload the queue that grows first may be
   the work waiting for this process's CPU (requests read late, answers relayed late), which
   shows as how much later than asked a short timer fires. While that lag is past
@@ -29,18 +31,28 @@ from collections.abc import Callable
 
 from mservd.errors import MservdError
 
-TICK = 0.005  # seconds between lag samples
+TICK = 0.005  # seconds between lag samples, and between a model limit's moves
 SMOOTHING = 0.1  # weight of the newest sample: one long turn (a burst) is not a backlog
 MIN_BUSY = 16  # predictions in flight here before lag can mean they are what is waiting
-RATE_TICKS = 20  # a model's rate is its answers over the last this many ticks (0.1 s)
+
+RATE_TICKS = 200  # a model's rate: its answers per second over the last second it had work
+RECENT_TICKS = 20  # its capacity and its refusals are counted over the last 0.1 s
+RISE_TICKS = 2  # rising: up by RISE_STEP over each of the last RISE_SPANS spans of this many
+RISE_STEP = 4  # ticks (10 ms): a steady excess of arrivals, not one burst of them
+RISE_SPANS = 3
 LATENCY_SMOOTHING = 0.05  # weight of one answer's latency in a model's mean
-FLOOR = 8  # a model's limit never goes below this many in flight per process
-SERVICE_DRIFT = 0.01  # per second: how fast a model's quickest answer is forgotten
-SHARE = 3  # while late, a model may have in flight what it answers in wait / SHARE ...
-SUSTAIN = 0.25  # ... once late this many seconds on end; before that, what it had in flight
-RECOVER = 1.0  # once on time, a model's limit grows by e every RECOVER seconds ...
-UNLIMITED = 4.0  # ... until it is this many times its share: then it has none
+SERVICE_DRIFT = 0.01  # per second: how fast its quickest answer and its capacity are forgotten
+CEILING = 1.0  # never more in flight than its capacity answers in this many waits
+ENGAGE = 0.5  # limited only once it has this share of the ceiling in flight
+SHARE = 3  # limited, it may have in flight what it answers in wait / SHARE ...
+FLOOR = 8  # ... but never less than this many
+RECOVER = 1.0  # on time while limited, the limit grows by e every this many seconds
+LIFT = 0.5  # seconds with nothing refused: the limit is lifted
+SPIN = 2.0  # refused at this many times its capacity: clients resending at once ...
+CALM = 1.0  # ... and it is not limited for this many seconds
 IDLE_FADE = 0.9  # per tick with nothing in flight: an idle model's lateness fades
+
+INFINITE = float("inf")
 
 
 class Overloaded(MservdError):
@@ -81,52 +93,35 @@ class Shedder:
 
 class ModelLimit:
     """How many predictions of one model this process lets in at once (see the module). The
-    server counts ``busy`` around each prediction, reports each answer, and ticks it."""
+    server counts ``busy`` around each prediction and ``refused`` at the door, reports each
+    answer, and ticks it every TICK; the limit moves only on ticks, so the door's test is one
+    comparison."""
 
     def __init__(self, wait: float) -> None:
         self.wait = wait  # seconds a request may queue: max_queue_wait_ms
         self.busy = 0  # in flight now
-        self.rate = 0.0  # answers per second over the last RATE_TICKS ticks
-        self._ticks: collections.deque[tuple[int, float]] = collections.deque(maxlen=RATE_TICKS)
-        self._answers = 0  # since the last tick
+        self.refused = 0  # refused at the door since the last tick
         self.latency = 0.0  # seconds per answer, smoothed
         # its quickest answer, forgotten slowly: the model's speed without load, not its
         # latency under load (which would lift the limit just when it matters)
-        self.quickest = float("inf")
-        self.limit = float("inf")  # in flight allowed; none while the answers are on time
-        self._late_since: float | None = None  # late on end since then
-        self._changed = 0.0  # when the limit last moved
+        self.quickest = INFINITE
+        self.rate = 0.0  # answers per second while it had work, over the last RATE_TICKS
+        self.capacity = 0.0  # answers per second at its best lately, forgotten slowly
+        self.limited = INFINITE  # the limit while limited (see the module), else infinite
+        self.allowed = INFINITE  # in flight allowed now: the limit, else the ceiling
+        self._answers = 0  # since the last tick
+        self._working: collections.deque[tuple[int, float]] = collections.deque()
+        self._working_sum = [0, 0.0]  # answers and seconds in _working
+        self._recent: collections.deque[tuple[int, int, float]] = collections.deque(
+            maxlen=RECENT_TICKS)  # answers, refusals, seconds
+        self._busy: collections.deque[int] = collections.deque(
+            maxlen=RISE_SPANS * RISE_TICKS + 1)
+        self._quiet = 0.0  # seconds since the last refusal
+        self._calm = 0.0  # seconds left in which it is not limited
 
-    def allowed(self, now: float) -> float:
-        """In flight allowed now (see the module). A model whose quickest answer takes half the
-        wait (a slow model) has no limit here: a refusal saves little next to its answer, and
-        the controller bounds its queue in batch times.
-
-        When the answers turn late the limit first holds what is in flight: a closed loop (a
-        fixed set of clients, each sending again at once, even after a refusal) that was late
-        for a moment is not cut, which would only make its clients spin on refusals. Late for
-        SUSTAIN seconds on end, it is cut to Little's share of the wait."""
-        if self.quickest > self.wait / 2:
-            return float("inf")
-        share = max(FLOOR, self.rate * self.wait / SHARE)
-        if self.latency > self.wait:
-            if self._late_since is None:
-                self._late_since = now
-                self.limit = min(self.limit, max(self.busy, share))
-            elif now - self._late_since >= SUSTAIN:
-                self.limit = share
-            self._changed = now
-        elif self.limit != float("inf"):
-            self._late_since = None
-            self.limit *= 1.0 + (now - self._changed) / RECOVER
-            self._changed = now
-            if self.limit >= UNLIMITED * share:
-                self.limit = float("inf")
-        return self.limit
-
-    def full(self, now: float) -> bool:
-        """Refuse the next one? Only while the model's answers come back late, or lately."""
-        return self.busy >= self.allowed(now)
+    def full(self) -> bool:
+        """Refuse the next one?"""
+        return self.busy >= self.allowed
 
     def answered(self, seconds: float) -> None:
         self._answers += 1
@@ -136,7 +131,60 @@ class ModelLimit:
     def tick(self, seconds: float) -> None:
         if not self.busy and not self._answers:
             self.latency *= IDLE_FADE  # nothing waits: the next burst is not judged by the last
-        self._ticks.append((self._answers, seconds))
-        self._answers = 0
-        self.rate = sum(n for n, _ in self._ticks) / sum(t for _, t in self._ticks)
-        self.quickest *= 1.0 + SERVICE_DRIFT * seconds
+        else:  # its rate while it has work: idle time is no measure of it
+            self._working.append((self._answers, seconds))
+            self._working_sum[0] += self._answers
+            self._working_sum[1] += seconds
+            if len(self._working) > RATE_TICKS:
+                answers, old = self._working.popleft()
+                self._working_sum[0] -= answers
+                self._working_sum[1] -= old
+            self.rate = self._working_sum[0] / self._working_sum[1]
+        self._recent.append((self._answers, self.refused, seconds))
+        forget = 1.0 - SERVICE_DRIFT * seconds
+        self.capacity *= forget
+        if len(self._recent) == RECENT_TICKS:  # a whole window: one burst is no measure
+            answered = sum(a for a, _, _ in self._recent)
+            self.capacity = max(self.capacity, answered / sum(t for _, _, t in self._recent))
+        self.quickest /= forget
+        self._busy.append(self.busy)
+        self._quiet = 0.0 if self.refused else self._quiet + seconds
+        self._calm = max(0.0, self._calm - seconds)
+        self._answers = self.refused = 0
+        self.limited = self._next_limit(seconds)
+        # the ceiling holds once answers slow down: while they come quickly, the capacity seen
+        # may be only what it was asked for, and a burst onto a quick model is let in
+        slowing = self.capacity and self.latency > self.wait / SHARE
+        ceiling = max(FLOOR, CEILING * self.capacity * self.wait) if slowing else INFINITE
+        self.allowed = INFINITE if self._exempt() else min(self.limited, ceiling)
+
+    def _exempt(self) -> bool:
+        """A model whose quickest answer takes half the wait (a slow model) is not limited
+        here: a refusal saves little next to its answer, and the controller bounds its queue
+        in batch times. Nor is one whose refused clients spin (see the module)."""
+        return self.quickest > self.wait / 2 or self._calm > 0
+
+    def share(self) -> float:
+        """Little's law: in flight at its rate for a mean latency of wait / SHARE."""
+        return max(FLOOR, self.rate * self.wait / SHARE)
+
+    def _next_limit(self, seconds: float) -> float:
+        if self._exempt():
+            return INFINITE
+        refusals = sum(r for _, r, _ in self._recent)
+        if refusals > SPIN * self.capacity * sum(t for _, _, t in self._recent):
+            self._calm = CALM
+            return INFINITE
+        if self.limited == INFINITE:
+            busy = self._busy
+            rising = len(busy) == busy.maxlen and all(
+                busy[i + RISE_TICKS] - busy[i] >= RISE_STEP
+                for i in range(0, busy.maxlen - 1, RISE_TICKS))
+            late = self.latency > self.wait
+            behind = self.capacity and self.busy > ENGAGE * self.capacity * self.wait
+            return self.share() if behind and (rising or late) else INFINITE
+        if self._quiet >= LIFT:
+            return INFINITE
+        if self.latency > self.wait / SHARE:
+            return max(FLOOR, min(self.limited, self.share()))
+        return self.limited * (1.0 + seconds / RECOVER)
