@@ -111,7 +111,8 @@ class ModelLimit:
         self.allowed = INFINITE  # in flight allowed now: the limit, else the ceiling
         self._answers = 0  # since the last tick
         self._working: collections.deque[tuple[int, float]] = collections.deque()
-        self._working_sum = [0, 0.0]  # answers and seconds in _working
+        self._working_answers = 0  # the sums over _working
+        self._working_seconds = 0.0
         self._recent: collections.deque[tuple[int, int, float]] = collections.deque(
             maxlen=RECENT_TICKS)  # answers, refusals, seconds
         self._busy: collections.deque[int] = collections.deque(
@@ -133,13 +134,13 @@ class ModelLimit:
             self.latency *= IDLE_FADE  # nothing waits: the next burst is not judged by the last
         else:  # its rate while it has work: idle time is no measure of it
             self._working.append((self._answers, seconds))
-            self._working_sum[0] += self._answers
-            self._working_sum[1] += seconds
+            self._working_answers += self._answers
+            self._working_seconds += seconds
             if len(self._working) > RATE_TICKS:
                 answers, old = self._working.popleft()
-                self._working_sum[0] -= answers
-                self._working_sum[1] -= old
-            self.rate = self._working_sum[0] / self._working_sum[1]
+                self._working_answers -= answers
+                self._working_seconds -= old
+            self.rate = self._working_answers / self._working_seconds
         self._recent.append((self._answers, self.refused, seconds))
         forget = 1.0 - SERVICE_DRIFT * seconds
         self.capacity *= forget
@@ -169,6 +170,7 @@ class ModelLimit:
         return max(FLOOR, self.rate * self.wait / SHARE)
 
     def _next_limit(self, seconds: float) -> float:
+        """Limited or not from here on, and to what (the rules in the module's order)."""
         if self._exempt():
             return INFINITE
         refusals = sum(r for _, r, _ in self._recent)
