@@ -25,7 +25,7 @@ stop: $(STAMP)
 test: samples
 	$(BIN)/python -m pytest -q
 
-# The benchmark suite (about 15 minutes): mservd, TorchServe (when installed) and a naive Flask
+# The benchmark suite (about 7 minutes): mservd, TorchServe (when installed) and a naive Flask
 # baseline; writes benchmarks/results/ and BENCHMARKS.md. See BENCHMARKS.md for what it needs.
 bench: samples
 	$(BIN)/pip install -q -e '.[test,bench]'
