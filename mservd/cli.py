@@ -117,10 +117,10 @@ def start_command(model_store, models, ts_config, log_dir, foreground, ncs, enab
     log_dir_path = Path(settings.log_dir).resolve()
     if foreground:
         try:
-            Daemon(settings).run(to_stderr=not os.environ.get(DETACHED_ENV))
+            code = Daemon(settings).run(to_stderr=not os.environ.get(DETACHED_ENV))
         except StartError as exc:
             raise click.ClickException(str(exc)) from None
-        return
+        sys.exit(code)  # 1: it stopped on its own, no frontend could serve (see mservd.log)
     pid = running_pid(log_dir_path)
     if pid is not None:
         raise click.ClickException(f"mservd is already running (pid {pid}) with log folder "

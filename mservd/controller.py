@@ -105,7 +105,11 @@ class Controller:
 
     # -- the loop ---------------------------------------------------------------
 
-    def run(self, should_stop: Callable[[], bool], frontend_alive: Callable[[], bool]) -> None:
+    def run(self, should_stop: Callable[[], bool], frontend_alive: Callable[[], bool],
+            watch_frontends: Callable[[float], None] = lambda now: None) -> None:
+        """The loop: requests and replies as they come, upkeep at least every
+        MAINTENANCE_INTERVAL under load (IDLE_POLL when idle), until stopped and drained.
+        ``watch_frontends`` gets the upkeep's turn too (the daemon restarts dead ones)."""
         poller = zmq.Poller()
         poller.register(self.front, zmq.POLLIN)
         poller.register(self.back, zmq.POLLIN)
@@ -133,6 +137,7 @@ class Controller:
             if now - self._last_maintenance >= MAINTENANCE_INTERVAL or self.tasks:
                 self._last_maintenance = now
                 self.maintain(now)
+                watch_frontends(now)
             else:
                 self.expire_requests(now)
                 self.flush_due_batches(now)

@@ -1,8 +1,9 @@
-"""Running the daemon in the foreground: bind, start the frontend, load models, loop, stop.
+"""Running the daemon in the foreground: bind, start the frontends, load models, loop, stop.
 
 This is what ``mservd start --foreground`` runs (and what ``mservd start`` runs detached). It
 owns the process-level pieces around the controller: the log, the pid and state files in the
-log folder, the listening sockets, the HTTP frontend process and the signals.
+log folder, the listening sockets, the frontend processes (``frontends/processes.py``) and the
+signals.
 """
 
 from __future__ import annotations
@@ -14,16 +15,15 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from mservd import __version__, snapshot
 from mservd.auth import KeyStore
 from mservd.config import Settings, parse_address
+from mservd.frontends.processes import Frontends
 from mservd.log_format import formatter
 from mservd.supervisor import detect_gpus
 
@@ -32,7 +32,6 @@ log = logging.getLogger("mservd")
 PID_FILE = "mservd.pid"
 STATE_FILE = "mservd.state.json"
 KEY_FILE = "key_file.json"
-GRPC_PORTS_FILE = "grpc.ports.json"
 
 
 class StartError(Exception):
@@ -99,17 +98,6 @@ def bind_listener(address: str, what: str, reuse_port: bool = False) -> socket.s
     return sock
 
 
-def sibling_listener(sock: socket.socket) -> socket.socket:
-    """Another listener on ``sock``'s address, in its SO_REUSEPORT group."""
-    sibling = socket.socket(sock.family, socket.SOCK_STREAM)
-    sibling.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sibling.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sibling.bind(sock.getsockname()[:2])
-    sibling.listen(2048)
-    sibling.set_inheritable(True)
-    return sibling
-
-
 def startup_models(settings: Settings) -> list[tuple[str | None, str]]:
     """``load_models`` as (model name or None, archive url) pairs; ``all`` is every archive."""
     items: list[tuple[str | None, str]] = []
@@ -143,8 +131,9 @@ class Daemon:
         self.settings = settings
         self.log_dir = Path(settings.log_dir).resolve()
         self.stop_signal = False
-        self.http_frontends: list[subprocess.Popen] = []  # mservd.frontends.http.server, N
-        self.grpc_frontend: subprocess.Popen | None = None  # mservd.frontends.grpc.server
+        self.frontends: Frontends | None = None
+        self.failure: str | None = None  # why the daemon stopped on its own, if it did
+        self.ready = False  # the state file says it serves
         self.listeners: dict[str, socket.socket] = {}
         self.warnings: list[str] = []
 
@@ -180,9 +169,11 @@ class Daemon:
                                 f"ipc://{run_dir}/backend.sock", run_dir, keys, gpus)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        frontends = self.frontends = Frontends(settings, self.log_dir, self.listeners,
+                                               f"ipc://{run_dir}/frontend.sock", keys is not None)
         try:
-            self.start_frontend(run_dir, keys is not None)
-            controller.on_stopped = self.stop_frontend
+            frontends.start()
+            controller.on_stopped = frontends.stop
             registrations, defaults = self.startup_registrations()
             controller.startup_pending = len(registrations)
             results: dict[str, Any] = {}
@@ -192,6 +183,12 @@ class Daemon:
                     if controller.registry.has_version(name, version):
                         controller.registry.set_default(name, version)
                 controller.registry_changed()
+                if self.failure is not None:  # a frontend died while the models loaded
+                    return
+                why = frontends.wait_ready(timeout=60.0)
+                if why is not None:
+                    self.stop_on_failure(why)
+                    return
                 self.write_state(keys, key_file, results, controller)
 
             def loaded(label: str):
@@ -223,15 +220,10 @@ class Daemon:
             if not registrations:
                 finish_startup()
             log.info("mservd %s serving (pid %d)", __version__, os.getpid())
-            controller.run(lambda: self.stop_signal, self.frontend_alive)
+            controller.run(lambda: self.stop_signal, frontends.alive, self.watch_frontends)
         finally:
-            self.stop_frontend()
-            for frontend in self.frontends():
-                if frontend is not None:
-                    try:
-                        frontend.wait(timeout=settings.drain_timeout + 5)
-                    except subprocess.TimeoutExpired:
-                        frontend.kill()
+            frontends.stop()
+            frontends.wait(timeout=settings.drain_timeout + 5)
             controller.close()
             for sock in self.listeners.values():
                 sock.close()
@@ -239,6 +231,10 @@ class Daemon:
             pid_path(self.log_dir).unlink(missing_ok=True)
             state_path(self.log_dir).unlink(missing_ok=True)
             log.info("mservd stopped")
+        if self.failure is not None:
+            if not self.ready:  # `mservd start` shows this, not a daemon nobody can reach
+                raise StartError(f"mservd cannot serve: {self.failure}")
+            return 1
         return 0
 
     def startup_registrations(self) -> tuple[list[dict[str, Any]], dict[str, str]]:
@@ -261,106 +257,17 @@ class Daemon:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_signal = True  # the loop sees it within one turn
 
-    def start_frontend(self, run_dir: Path, auth: bool) -> None:
-        """The HTTP frontends: ``frontend_workers`` processes, sharing the management and
-        metrics listeners, each with its own inference listener on the one port."""
-        settings = self.settings
-        spec = {
-            "controller": f"ipc://{run_dir}/frontend.sock",
-            "listeners": {api: {"fd": sock.fileno(), "port": sock.getsockname()[1]}
-                          for api, sock in self.listeners.items()},
-            "shed_delay_ms": settings.shed_delay_ms,
-            "max_queue_wait_ms": settings.max_queue_wait_ms,
-            "connections": settings.frontend_connections,
-            "graceful_timeout": settings.drain_timeout,
-            "accesslog": str(self.log_dir / "access_log.log"),
-            "log_format": settings.log_format,
-            "log_level": settings.log_level,
-            "auth": auth,
-            "max_request_size": settings.max_request_size,
-            "reply_timeout": 2 * settings.default_response_timeout
-                             + settings.default_startup_timeout + 60,
-        }
-        # Each frontend accepts on its own inference listener, all on one port (SO_REUSEPORT):
-        # the kernel spreads new connections evenly over them, where on one shared listener
-        # whichever process woke first took most of them. The daemon keeps no copy, so a
-        # frontend that dies takes its listener out of the group instead of leaving it to
-        # gather connections nobody accepts.
-        inference = self.listeners["inference"]
-        spread = hasattr(socket, "SO_REUSEPORT")  # as bound in run(); Linux, macOS, BSD
-        for index in range(settings.frontend_workers):
-            own = inference if index == 0 or not spread else sibling_listener(inference)
-            listeners = {**spec["listeners"],
-                         "inference": {**spec["listeners"]["inference"], "fd": own.fileno()}}
-            with open(self.log_dir / "frontend.log", "ab") as out:
-                self.http_frontends.append(subprocess.Popen(
-                    [sys.executable, "-m", "mservd.frontends.http.server",
-                     json.dumps({**spec, "listeners": listeners})],
-                    pass_fds=[listener["fd"] for listener in listeners.values()],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT))
-            if own is not inference:
-                own.close()
-        if spread:
-            inference.close()
-        log.info("HTTP frontends started (pids %s) on ports %s",
-                 ", ".join(str(p.pid) for p in self.http_frontends),
-                 {api: listener["port"] for api, listener in spec["listeners"].items()})
-        self.start_grpc_frontend(run_dir, spec)
+    def watch_frontends(self, now: float) -> None:
+        """From the controller's loop: start again a frontend that died; stop when none can
+        serve (a daemon that answers nothing must not pass for a running one)."""
+        why = self.frontends.watch(now) if self.frontends is not None else None
+        if why is not None and self.failure is None:
+            self.stop_on_failure(why)
 
-    def frontends(self) -> list[subprocess.Popen | None]:
-        return [*self.http_frontends, self.grpc_frontend]
-
-    def start_grpc_frontend(self, run_dir: Path, http_spec: dict[str, Any]) -> None:
-        """Start the gRPC frontend; it binds its own ports and writes them to a file."""
-        settings = self.settings
-        self.grpc_ports_file = self.log_dir / GRPC_PORTS_FILE
-        self.grpc_ports_file.unlink(missing_ok=True)
-        spec = {
-            "controller": http_spec["controller"],
-            "host": parse_address(settings.inference_address)[1],
-            "management_host": parse_address(settings.management_address)[1],
-            "inference_port": settings.grpc_inference_port,
-            "management_port": settings.grpc_management_port,
-            "ports_file": str(self.grpc_ports_file),
-            "auth": http_spec["auth"],
-            "max_request_size": settings.max_request_size,
-            "max_response_size": settings.max_response_size,
-            "reply_timeout": http_spec["reply_timeout"],
-            "graceful_timeout": settings.drain_timeout,
-            "log_level": settings.log_level,
-            "log_format": settings.log_format,
-        }
-        self.grpc_frontend = subprocess.Popen(
-            [sys.executable, "-m", "mservd.frontends.grpc.server", json.dumps(spec)],
-            stdin=subprocess.DEVNULL, stdout=open(self.log_dir / "grpc.log", "ab"),
-            stderr=subprocess.STDOUT)
-        log.info("gRPC frontend started (pid %d)", self.grpc_frontend.pid)
-
-    def grpc_addresses(self, timeout: float = 60.0) -> dict[str, str] | None:
-        """The gRPC frontend's bound addresses, waiting for it to report them."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                return json.loads(self.grpc_ports_file.read_text())
-            except (OSError, ValueError):
-                pass
-            if self.grpc_frontend is None or self.grpc_frontend.poll() is not None:
-                log.error("the gRPC frontend exited; see grpc.log in the log folder")
-                return None
-            time.sleep(0.05)
-        log.error("the gRPC frontend did not report its ports within %.0f s", timeout)
-        return None
-
-    def frontend_alive(self) -> bool:
-        return any(p is not None and p.poll() is None for p in self.frontends())
-
-    def stop_frontend(self) -> None:
-        """Close our copies of the listeners, and ask the frontends to finish and exit."""
-        for sock in self.listeners.values():
-            sock.close()
-        for frontend in self.frontends():
-            if frontend is not None and frontend.poll() is None:
-                frontend.send_signal(signal.SIGTERM)
+    def stop_on_failure(self, why: str) -> None:
+        log.error("stopping: %s", why)
+        self.failure = why
+        self.stop_signal = True
 
     def addresses(self) -> dict[str, str]:
         out = {}
@@ -375,7 +282,7 @@ class Daemon:
             "pid": os.getpid(),
             "version": __version__,
             "addresses": self._addresses,
-            "grpc": self.grpc_addresses() if self.grpc_frontend is not None else None,
+            "grpc": self.frontends.grpc_addresses() if self.frontends is not None else None,
             "key_file": str(key_file) if keys is not None else None,
             "models": controller.registry.names(),
             "failed": failures,
@@ -384,4 +291,5 @@ class Daemon:
         tmp = state_path(self.log_dir).with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(state_path(self.log_dir))
+        self.ready = True
         log.info("ready: %s", state["addresses"])

@@ -76,6 +76,23 @@ def test_bad_configuration_stops_the_start_naming_the_key(tmp_path: Path) -> Non
     assert "job_queue_size: 'lots' is not an integer" in started.stderr
 
 
+def test_a_frontend_that_cannot_start_fails_the_start_with_its_reason(tmp_path: Path) -> None:
+    config = tmp_path / "config.properties"
+    config.write_text("inference_address=http://127.0.0.1:0\n"
+                      "management_address=http://127.0.0.1:0\n"
+                      "metrics_address=http://127.0.0.1:0\n"
+                      "grpc_inference_port=0\ngrpc_management_port=0\nfrontend_workers=2\n")
+    (tmp_path / "logs" / "access_log.log").mkdir(parents=True)  # the frontends cannot open it
+    started = mservd("start", "--ts-config", str(config), "--disable-token-auth", cwd=tmp_path,
+                     timeout=120)
+    assert started.returncode != 0
+    assert "mservd cannot serve: the HTTP frontend" in started.stderr
+    assert "exited as it started (exit code 1)" in started.stderr
+    assert "IsADirectoryError" in started.stderr  # from the end of frontend.log
+    assert not (tmp_path / "logs" / "mservd.pid").exists()
+    assert mservd("status", cwd=tmp_path).returncode != 0
+
+
 def test_stop_while_requests_are_in_flight_answers_every_one(daemon_factory) -> None:
     daemon = daemon_factory({"load_models": "echo.mar", "default_workers_per_model": 2})
 

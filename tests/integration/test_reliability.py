@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -197,3 +198,61 @@ def test_a_crash_looping_model_does_not_slow_the_others(daemon_factory) -> None:
     assert killed.status_code in (500, 503)
     if killed.status_code == 500:
         assert killed.json() == WORKER_DIED
+
+
+def frontend_processes(daemon, kind: str) -> list[psutil.Process]:
+    return [p for p in psutil.Process(daemon.proc.pid).children()
+            if f"mservd.frontends.{kind}.server" in " ".join(p.cmdline())]
+
+
+def answers_ping(daemon) -> bool:
+    try:
+        return ping(daemon) == 200
+    except requests.ConnectionError:
+        return False
+
+
+def test_a_killed_frontend_is_started_again_on_the_same_ports(daemon_factory) -> None:
+    import grpc
+    from google.protobuf import empty_pb2
+
+    from mservd.frontends.grpc.generated import inference_pb2_grpc
+
+    daemon = daemon_factory({"load_models": "echo.mar"})  # one HTTP frontend: none is left
+    [http] = frontend_processes(daemon, "http")
+    [grpc_frontend] = frontend_processes(daemon, "grpc")
+    os.kill(http.pid, signal.SIGKILL)
+    os.kill(grpc_frontend.pid, signal.SIGKILL)
+
+    wait_until(lambda: answers_ping(daemon), 30, "the inference port answering again")
+    assert daemon.predict("echo", json={"after": "restart"}).json()["echo"] == {"after": "restart"}
+    assert daemon.manage("GET", "/models").status_code == 200  # its listener was kept
+    [again] = frontend_processes(daemon, "http")
+    assert again.pid != http.pid
+    channel = grpc.insecure_channel(daemon.grpc_address("inference"))  # the address it had
+    stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+    wait_until(lambda: grpc_frontend.pid not in
+               [p.pid for p in frontend_processes(daemon, "grpc")], 10, "a new gRPC frontend")
+    health = stub.Ping(empty_pb2.Empty(), timeout=30, wait_for_ready=True)
+    assert json.loads(health.health)["status"] == "Healthy"
+    logs = (daemon.log_dir / "mservd.log").read_text()
+    assert f"HTTP frontend 1 (pid {http.pid}) was killed by SIGKILL; starting it again" in logs
+    assert "gRPC frontend started again" in logs
+
+
+def test_a_frontend_that_keeps_failing_to_start_stops_the_daemon(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar"})
+    children = daemon.descendants()
+    access_log = daemon.log_dir / "access_log.log"
+    access_log.rename(daemon.log_dir / "access_log.old")
+    access_log.mkdir()  # a new frontend cannot open its access log any more
+    [http] = frontend_processes(daemon, "http")
+    os.kill(http.pid, signal.SIGKILL)
+
+    assert daemon.proc.wait(timeout=60) == 1  # five starts that fail, a second apart
+    logs = (daemon.log_dir / "mservd.log").read_text()
+    assert "HTTP frontend 1 exited with code 1 5 times in a row" in logs
+    assert "IsADirectoryError" in logs
+    assert "stopping: no HTTP frontend can run" in logs
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert alive == []

@@ -25,6 +25,7 @@ import concurrent.futures
 import io
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -542,6 +543,10 @@ class HttpServer:
             sock = socket.socket(fileno=listener["fd"])
             servers.append(await self.loop.create_server(
                 lambda api=api: Connection(self, api), sock=sock, backlog=2048))
+        ready_fd = self.spec.get("ready_fd")
+        if ready_fd is not None:  # the daemon waits for this before it says it is ready
+            os.write(ready_fd, b"1")
+            os.close(ready_fd)
         stop = asyncio.Event()
         self.loop.add_signal_handler(signal.SIGTERM, stop.set)
         self.loop.add_signal_handler(signal.SIGINT, lambda: None)  # the daemon stops us
