@@ -99,21 +99,30 @@ def test_a_silent_connection_is_closed_after_the_keepalive_time(daemon) -> None:
     assert 3.0 < time.monotonic() - started < 15.0
 
 
-def test_a_fast_model_gets_no_more_in_flight_than_it_answers_in_the_wait(daemon_factory) -> None:
+DOOR_ROUTES = {  # route: (path, how its body wraps one request, where its error says why)
+    "torchserve": ("/predictions/echo", lambda body: body, "message"),
+    "kserve_v1": ("/v1/models/echo:predict", lambda body: {"instances": [body]}, "error"),
+}
+
+
+@pytest.mark.parametrize("route", DOOR_ROUTES)
+def test_a_fast_model_gets_no_more_in_flight_than_it_answers_in_the_wait(daemon_factory,
+                                                                          route) -> None:
     daemon = daemon_factory({"load_models": "echo.mar", "batch_size": 1,
                              "default_workers_per_model": 2, "frontend_workers": 1,
                              "max_queue_wait_ms": 100})
+    path, wrap, why = DOOR_ROUTES[route]
     session = requests.Session()
     session.headers["Authorization"] = f"Bearer {daemon.key('inference')}"
-    url = daemon.url("inference", "/predictions/echo")
+    url = daemon.url("inference", path)
     for n in range(3):  # quick answers: echo is a fast model, one the frontend may limit
-        assert session.post(url, json={"n": n}, timeout=10).status_code == 200
+        assert session.post(url, json=wrap({"n": n}), timeout=10).status_code == 200
 
     def slow(out: list, sleep: float, count: int = 1) -> None:
         with requests.Session() as own:
             own.headers.update(session.headers)
             for _ in range(count):
-                out.append(own.post(url, json={"sleep": sleep}, timeout=60))
+                out.append(own.post(url, json=wrap({"sleep": sleep}), timeout=60))
 
     warm: list = []  # its answers slow down, and it answers a few a second at best
     threads = [threading.Thread(target=slow, args=(warm, 0.3, 5)) for _ in range(2)]
@@ -128,18 +137,18 @@ def test_a_fast_model_gets_no_more_in_flight_than_it_answers_in_the_wait(daemon_
         thread.start()
     time.sleep(0.5)
     started = time.monotonic()
-    refused = session.post(url, json={"n": "one more"}, timeout=10)
+    refused = session.post(url, json=wrap({"n": "one more"}), timeout=10)
     took = time.monotonic() - started
     for thread in threads:
         thread.join()
     assert refused.status_code == 503, refused.text
     assert refused.headers["Retry-After"] == "1"
-    assert "8 of its predictions are in flight from this frontend" in refused.json()["message"]
+    assert "8 of its predictions are in flight from this frontend" in refused.json()[why]
     assert "x-request-id" not in refused.headers  # it never reached the controller
     assert took < 0.5
     assert [r.status_code for r in warm] == [200] * 10
     assert sorted(r.status_code for r in held) == [200] * 8  # those let in are all answered
-    after = session.post(url, json={"n": "after"}, timeout=10)
+    after = session.post(url, json=wrap({"n": "after"}), timeout=10)
     assert after.status_code == 200  # answered, nothing in flight: let in again
 
 

@@ -75,6 +75,13 @@ MAX_HEADER_BYTES = 65536
 PREDICTION_PREFIXES = ("/predictions/", "/explanations/")
 
 
+def is_kserve_prediction(path: str) -> bool:
+    """KServe v1 ``:predict``/``:explain`` and v2 ``/infer``: served by their WSGI apps, but
+    let in or refused at the door like ``/predictions``."""
+    return path.startswith(("/v1/models/", "/v2/models/")) and path.endswith(
+        (":predict", ":explain", "/infer"))
+
+
 class Request:
     __slots__ = ("method", "url", "path", "query", "version", "headers", "body", "keep_alive",
                  "started", "client")
@@ -326,7 +333,8 @@ class HttpServer:
 
     def _dispatch(self, conn: Connection, request: Request) -> None:
         limit = None
-        if conn.api == "inference" and request.path.startswith(PREDICTION_PREFIXES):
+        if conn.api == "inference" and (request.path.startswith(PREDICTION_PREFIXES)
+                                        or is_kserve_prediction(request.path)):
             refusal = self.refusal(request)
             if refusal is not None:
                 if request.keep_alive:
@@ -370,11 +378,13 @@ class HttpServer:
         if body is None:
             if len(self.refusal_bodies) > 256:
                 self.refusal_bodies.clear()
-            body = self.refusal_bodies[(path, limit)] = Overloaded(
+            refused = Overloaded(
                 f"Requested model is overloaded: {limit} of its predictions are in flight from "
                 "this frontend, as many as it answers in time at its pace (max_queue_wait_ms is "
-                f"{self.queue_wait * 1000:.0f} ms); retry later."
-            ).to_body()
+                f"{self.queue_wait * 1000:.0f} ms); retry later.")
+            body = self.refusal_bodies[(path, limit)] = (
+                json.dumps({"error": refused.message}).encode()  # KServe's error shape
+                if is_kserve_prediction(path) else refused.to_body())
         return body
 
     def refusal_answer(self, body: bytes) -> bytes:
@@ -393,7 +403,7 @@ class HttpServer:
             if conn.api == "inference" and request.path.startswith(PREDICTION_PREFIXES):
                 status, rid = await self.predict(conn, request, limit)
             else:
-                status, rid = await self.run_wsgi(conn, request)
+                status, rid = await self.run_wsgi(conn, request, limit)
         except MservdError as exc:
             status = exc.http_status
             self.answer_error(conn, request, exc)
@@ -413,7 +423,9 @@ class HttpServer:
         headers = [("Content-Type", "application/json"), *exc.headers.items()]
         if exc.http_status == 401:
             headers.append(("WWW-Authenticate", "Bearer"))
-        conn.write(exc.http_status, headers, exc.to_body(), request.keep_alive)
+        body = (json.dumps({"error": exc.message}).encode() if is_kserve_prediction(request.path)
+                else exc.to_body())
+        conn.write(exc.http_status, headers, body, request.keep_alive)
 
     # -- the hot path ----------------------------------------------------------------------
 
@@ -452,17 +464,14 @@ class HttpServer:
         finally:
             conn.rid = None
             self.shedder.busy -= 1
-        if reply.status < 300 and self.queue_wait:
-            if limit is None:  # known once it answers: a client's typo makes no entry
-                limit = self.limits.setdefault(request.path, ModelLimit(self.queue_wait))
-            limit.answered(time.perf_counter() - request.started)
+        self.learn(request, reply.status, limit)
         out = [("Content-Type", reply.content_type), ("x-request-id", rid_text)]
         if reply.headers:
             out.extend(reply.headers.items())
         if reply.status == 401:
             out.append(("WWW-Authenticate", "Bearer"))
         if reply.status == 503 and "Retry-After" in (reply.headers or {}):
-            self.refusing[request.path] = (time.monotonic() + REFUSAL_HOLD, reply.body)
+            self.hold_refusal(request, reply.body)
         if reply.stream is None:
             conn.write(reply.status, out, reply.body, request.keep_alive)
         else:
@@ -491,9 +500,20 @@ class HttpServer:
 
     # -- the rest of the inference API -----------------------------------------------------
 
-    async def run_wsgi(self, conn: Connection, request: Request) -> tuple[int, str]:
-        predicting = conn.api == "inference" and request.path.startswith(
-            ("/v1/models", "/v2")) and request.path.endswith((":predict", ":explain", "/infer"))
+    def learn(self, request: Request, status: int, limit: ModelLimit | None) -> None:
+        """An answered prediction tells its model's door limit how quickly it answers."""
+        if status < 300 and self.queue_wait:
+            if limit is None:  # known once it answers: a client's typo makes no entry
+                limit = self.limits.setdefault(request.path, ModelLimit(self.queue_wait))
+            limit.answered(time.perf_counter() - request.started)
+
+    def hold_refusal(self, request: Request, body: bytes) -> None:
+        """The controller refused this model: refuse it here, the same way, for a moment."""
+        self.refusing[request.path] = (time.monotonic() + REFUSAL_HOLD, body)
+
+    async def run_wsgi(self, conn: Connection, request: Request,
+                       limit: ModelLimit | None = None) -> tuple[int, str]:
+        predicting = conn.api == "inference" and is_kserve_prediction(request.path)
         if predicting:  # KServe v1 and v2 predictions are shed like /predictions
             self.shedder.check()
             self.shedder.busy += 1
@@ -506,6 +526,10 @@ class HttpServer:
                 self.shedder.busy -= 1
         rid = next((v for k, v in headers if k.lower() == "x-request-id"), "-")
         headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+        if predicting:
+            self.learn(request, status, limit)
+            if status == 503 and any(k.lower() == "retry-after" for k, _ in headers):
+                self.hold_refusal(request, body)
         conn.write(status, headers, body, request.keep_alive)
         return status, rid
 
