@@ -17,6 +17,9 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         doc = {"time": self.formatTime(record), "level": record.levelname,
                "logger": record.name, "pid": record.process, "message": record.getMessage()}
+        requests = getattr(record, "requests", None)  # a handler's output, in a worker
+        if requests is not None:
+            doc["requests"] = requests
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc)

@@ -26,7 +26,7 @@ import zmq
 from mservd import kserve_v1, protocol
 from mservd.errors import error_body
 from mservd.lifeline import die_with_parent, parent_changed
-from mservd.log_format import log_to_stderr
+from mservd.log_format import formatter, log_to_stderr
 from mservd.payload import decode_input, encode_output
 from mservd.v2 import handling as v2
 from mservd.v2 import metadata as v2_metadata
@@ -43,17 +43,28 @@ class TaggedStream:
     """stdout/stderr for handler code: each line says which worker and which requests wrote it.
 
     The model's log then ties a handler's ``print`` to the request ids of the batch it ran in.
+    With ``log_format=json`` each line becomes a record like the worker's own log lines (logger
+    ``handler``, its request ids a list), so a log shipper reads the whole file one way.
     """
 
-    def __init__(self, stream, pid: int) -> None:
+    def __init__(self, stream, pid: int, log_format: str = "plain",
+                 level: int = logging.INFO) -> None:
         self._stream = stream
         self._prefix = f"[pid {pid}] "
         self.requests = ""
         self._line_start = True
+        self._json = formatter(log_format) if log_format == "json" else None
+        self._level = level
+        self._partial = ""  # json: the start of a line not yet ended
 
     def write(self, text: str) -> int:
         if not text:
             return 0
+        if self._json is not None:
+            lines = (self._partial + text).split("\n")
+            self._partial = lines.pop()
+            self._stream.write("".join(self._record(line) for line in lines if line))
+            return len(text)
         tag = self._prefix + (f"[requests {self.requests}] " if self.requests else "")
         lines = text.split("\n")
         out = []
@@ -67,7 +78,17 @@ class TaggedStream:
         self._stream.write("".join(out))
         return len(text)
 
+    def _record(self, line: str) -> str:
+        record = logging.makeLogRecord({
+            "name": "handler", "levelno": self._level,
+            "levelname": logging.getLevelName(self._level), "msg": line,
+            "requests": self.requests.split(",") if self.requests else []})
+        return self._json.format(record) + "\n"
+
     def flush(self) -> None:
+        if self._partial:  # json: a line flushed before its end is a record of its own
+            self._stream.write(self._record(self._partial))
+            self._partial = ""
         self._stream.flush()
 
     def __getattr__(self, name: str):
@@ -431,8 +452,9 @@ def run(spec: dict[str, Any]) -> int:
     log_to_stderr(spec.get("log_level", "INFO"), spec.get("log_format", "plain"))
     die_with_parent(signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us
-    sys.stdout = TaggedStream(sys.stdout, os.getpid())
-    sys.stderr = TaggedStream(sys.stderr, os.getpid())
+    log_format = spec.get("log_format", "plain")
+    sys.stdout = TaggedStream(sys.stdout, os.getpid(), log_format)
+    sys.stderr = TaggedStream(sys.stderr, os.getpid(), log_format, logging.WARNING)
     _set_threads(spec.get("threads"))
     if spec.get("model_dir") and spec["model_dir"] not in sys.path:
         sys.path.insert(0, spec["model_dir"])

@@ -92,3 +92,10 @@ def test_log_format_json_makes_every_process_log_json(daemon_factory) -> None:
     assert any(r.get("request_id") == rid and r["status"] == 200
                for r in records["access_log.log"])
     assert records["mservd.log"] and all(r["level"] for r in records["mservd.log"])
+    # a handler's print is a record too, tied to its request; nothing in the file is plain text
+    model_lines = (logs / "model_echo.log").read_text().splitlines()
+    assert len(records["model_echo.log"]) == len([line for line in model_lines if line])
+    [printed] = [r for r in records["model_echo.log"] if "json-log" in r["message"]]
+    assert printed["logger"] == "handler" and printed["level"] == "INFO"
+    assert printed["requests"] == [rid]
+    assert printed["message"].startswith(f"echo handled {rid}:")
