@@ -89,7 +89,6 @@ class Frontends:
 
     def __init__(self, settings: Settings, log_dir: Path, listeners: dict[str, socket.socket],
                  controller: str, auth: bool) -> None:
-        self.settings = settings
         self.spread = hasattr(socket, "SO_REUSEPORT")  # as the daemon binds it; not on Windows
         inference = listeners["inference"]
         self.inference_address = (inference.family, inference.getsockname()[:2])
