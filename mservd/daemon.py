@@ -169,8 +169,10 @@ class Daemon:
                                 f"ipc://{run_dir}/backend.sock", run_dir, keys, gpus)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        restarts = controller.metrics.frontend_restarts
         frontends = self.frontends = Frontends(settings, self.log_dir, self.listeners,
-                                               f"ipc://{run_dir}/frontend.sock", keys is not None)
+                                               f"ipc://{run_dir}/frontend.sock", keys is not None,
+                                               lambda kind: restarts.labels(kind).inc())
         try:
             frontends.start()
             controller.on_stopped = frontends.stop

@@ -74,6 +74,9 @@ class Metrics:
                                buckets=BATCH_BUCKETS, registry=r)
         self.restarts = Counter("mservd_worker_restarts", "Workers of a version that died "
                                 "unasked.", MODEL, registry=r)
+        self.frontend_restarts = Counter("mservd_frontend_restarts", "Frontend processes "
+                                         "that died unasked and were started again.",
+                                         ("frontend",), registry=r)
         self.pending = Gauge("mservd_pending_requests", "Requests waiting in a model's queue.",
                              MODEL, registry=r)
         self.live = Gauge("mservd_live_workers", "Workers ready to serve a model version.",

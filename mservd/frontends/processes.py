@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mservd.config import Settings, parse_address
 
@@ -88,7 +88,9 @@ class Frontends:
     """The daemon's frontend processes and the listeners they are started with."""
 
     def __init__(self, settings: Settings, log_dir: Path, listeners: dict[str, socket.socket],
-                 controller: str, auth: bool) -> None:
+                 controller: str, auth: bool,
+                 restarted: Callable[[str], None] = lambda kind: None) -> None:
+        self.restarted = restarted  # told "http" or "grpc" each time one is started again
         self.spread = hasattr(socket, "SO_REUSEPORT")  # as the daemon binds it; not on Windows
         inference = listeners["inference"]
         self.inference_address = (inference.family, inference.getsockname()[:2])
@@ -275,6 +277,7 @@ class Frontends:
                     self.schedule_restart(frontend, now, "could not start")
                 else:
                     log.info("%s started again (pid %d)", frontend.name, frontend.proc.pid)
+                    self.restarted("grpc" if frontend is self.grpc else "http")
         if all(f.given_up for f in self.http):
             return "no HTTP frontend can run; see frontend.log in the log folder"
         return None

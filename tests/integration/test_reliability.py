@@ -238,6 +238,9 @@ def test_a_killed_frontend_is_started_again_on_the_same_ports(daemon_factory) ->
     logs = (daemon.log_dir / "mservd.log").read_text()
     assert f"HTTP frontend 1 (pid {http.pid}) was killed by SIGKILL; starting it again" in logs
     assert "gRPC frontend started again" in logs
+    metrics = requests.get(daemon.url("metrics", "/metrics"), timeout=10).text
+    assert 'mservd_frontend_restarts_total{frontend="http"} 1.0' in metrics
+    assert 'mservd_frontend_restarts_total{frontend="grpc"} 1.0' in metrics
 
 
 def test_a_frontend_that_keeps_failing_to_start_stops_the_daemon(daemon_factory) -> None:
