@@ -78,6 +78,7 @@ class Frontend:
     started: float = 0.0
     quick_exits: int = 0
     restart_at: float | None = None  # set while it waits to be started again
+    starting: bool = False  # its first start, not yet said to serve: an exit fails the start
     given_up: bool = False
 
     def exited(self) -> int | None:
@@ -137,7 +138,6 @@ class Frontends:
         self.grpc = Frontend("gRPC frontend", log_dir / "grpc.log")
         self.grpc_served: dict[str, str] | None = None  # its addresses, once it reported them
         self.not_ready: dict[int, Frontend] = {}  # read end of a ready pipe -> its frontend
-        self.ready = False
         self.stopping = False
 
     # -- starting ------------------------------------------------------------------------
@@ -148,6 +148,7 @@ class Frontends:
         for frontend in self.http:
             read_end = self.start_http(frontend, tell_ready=True)
             self.not_ready[read_end] = frontend
+            frontend.starting = True
         self.start_grpc()
         ports = {api: sock.getsockname()[1] for api, sock in self.shared.items()}
         ports["inference"] = self.inference_address[1][1]
@@ -208,14 +209,22 @@ class Frontends:
             if left <= 0:
                 names = ", ".join(f.name for f in self.not_ready.values())
                 return f"{names} did not start within {timeout:.0f} s"
-            readable, _, _ = select.select(list(self.not_ready), [], [], left)
-            for fd in readable:
-                frontend = self.not_ready.pop(fd)
-                said = os.read(fd, 1)
-                os.close(fd)
-                if not said:  # the pipe ended: it exited before it served
-                    return self.cannot_start(frontend)
-        self.ready = True
+            failed = self.hear_ready(left)
+            if failed is not None:
+                return self.cannot_start(failed)
+        return None
+
+    def hear_ready(self, timeout: float) -> Frontend | None:
+        """Read what the starting frontends said within ``timeout``; one whose pipe ended
+        without a word exited before it served, and is returned."""
+        readable, _, _ = select.select(list(self.not_ready), [], [], timeout)
+        for fd in readable:
+            frontend = self.not_ready.pop(fd)
+            said = os.read(fd, 1)
+            os.close(fd)
+            if not said:
+                return frontend
+            frontend.starting = False
         return None
 
     def cannot_start(self, frontend: Frontend) -> str:
@@ -250,14 +259,17 @@ class Frontends:
         """Start again the frontends that died; why the daemon must stop, if it must."""
         if self.stopping:
             return None
+        if self.not_ready:
+            failed = self.hear_ready(0.0)
+            if failed is not None:
+                return self.cannot_start(failed)
         for frontend in [*self.http, self.grpc]:
             if frontend.given_up:
                 continue
             code = frontend.exited()
             if code is None:
                 continue
-            if frontend is not self.grpc and not self.ready:  # died before it ever served
-                self.not_ready = {fd: f for fd, f in self.not_ready.items() if f is not frontend}
+            if frontend.starting:  # died before it ever served
                 return self.cannot_start(frontend)
             if frontend is self.grpc and self.grpc_served is None:
                 frontend.given_up = True  # never served: grpc_addresses says why

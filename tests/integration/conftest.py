@@ -64,6 +64,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
                           "maxWorkers": 1})
     write_archive(folder, "crash", "crash_on_init.py")
     write_archive(folder, "diesoon", "dies_soon.py")
+    write_archive(folder, "slowinit", "slow_init.py")
     return folder
 
 

@@ -243,6 +243,45 @@ def test_a_killed_frontend_is_started_again_on_the_same_ports(daemon_factory) ->
     assert 'mservd_frontend_restarts_total{frontend="grpc"} 1.0' in metrics
 
 
+def serves(frontend: psutil.Process) -> bool:
+    """Whether the frontend answers HTTP on one of its ports (its listeners are inherited:
+    listening alone does not say it serves)."""
+    for c in frontend.net_connections(kind="tcp"):
+        if c.status == psutil.CONN_LISTEN:
+            try:
+                requests.get(f"http://127.0.0.1:{c.laddr.port}/ping", timeout=2)
+                return True
+            except requests.RequestException:  # refused, or accepted but not yet answered
+                return False
+    return False
+
+
+def test_a_frontend_killed_while_the_models_load_is_started_again(tmp_path, store) -> None:
+    from conftest import Daemon
+
+    workdir = tmp_path / "d"
+    workdir.mkdir()
+    daemon = Daemon(workdir, store, {"load_models": "slowinit.mar"})
+    starting = threading.Thread(target=daemon.start)  # returns once the model has loaded
+    starting.start()
+    try:
+        wait_until(lambda: daemon.proc is not None and frontend_processes(daemon, "http"), 30,
+                   "an HTTP frontend")
+        [http] = frontend_processes(daemon, "http")
+        wait_until(lambda: serves(http), 30, "the frontend serving")
+        os.kill(http.pid, signal.SIGKILL)  # it served, and the model is still loading
+        starting.join(timeout=60)
+        assert daemon.state, "the daemon did not become ready"
+        assert daemon.proc.poll() is None
+        wait_until(lambda: answers_ping(daemon), 30, "the inference port answering again")
+        logs = (daemon.log_dir / "mservd.log").read_text()
+        assert f"HTTP frontend 1 (pid {http.pid}) was killed by SIGKILL; starting it again" in logs
+        assert "exited as it started" not in logs
+    finally:
+        starting.join(timeout=60)
+        daemon.stop()
+
+
 def test_a_frontend_that_keeps_failing_to_start_stops_the_daemon(daemon_factory) -> None:
     daemon = daemon_factory({"load_models": "echo.mar"})
     children = daemon.descendants()
