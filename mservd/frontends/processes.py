@@ -6,8 +6,9 @@ workers, a frontend that dies while serving (a bug, the OOM killer, a stray kill
 again, an HTTP one on a fresh listener in the inference port's SO_REUSEPORT group, so the port
 keeps answering. One that cannot start is not retried for ever: at start-up the daemon reports
 why and exits (a broken install or an unusable log file will not mend itself), and later a
-frontend that exits within QUICK_EXIT of its start MAX_QUICK_EXITS times in a row is given up;
-with no HTTP frontend left, the daemon stops.
+frontend started again that exits before it serves MAX_FAILED_STARTS times in a row is given
+up; with no HTTP frontend left, the daemon stops. A frontend says it serves: an HTTP one writes
+a byte to a pipe it is given, the gRPC one writes its ports file.
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ from mservd.config import Settings, parse_address
 
 log = logging.getLogger("mservd")
 
-QUICK_EXIT = 5.0  # seconds: a frontend that exits sooner than this after its start failed it
-MAX_QUICK_EXITS = 5  # in a row, before a frontend is given up
-RESTART_PAUSE = 1.0  # seconds before starting again one that exited at once
+MAX_FAILED_STARTS = 5  # starts in a row that exit before they serve: the frontend is given up
+RESTART_PAUSE = 1.0  # seconds before starting again one that exited before it served
 LOG_TAIL = 8  # lines of a frontend's log quoted when it cannot start
 GRPC_PORTS_FILE = "grpc.ports.json"
 
@@ -70,15 +70,15 @@ def how_it_ended(code: int) -> str:
 
 @dataclass
 class Frontend:
-    """One frontend: its process, when that started, and how often it exited at once."""
+    """One frontend: its process, whether that said it serves, and how its starts went."""
 
     name: str
     log_file: Path
     proc: subprocess.Popen | None = None
-    started: float = 0.0
-    quick_exits: int = 0
+    served: bool = False  # this process said it serves
+    restarts: int = 0  # times started again: before that, an exit before serving fails start-up
+    failed_starts: int = 0  # in a row: started and exited before it served
     restart_at: float | None = None  # set while it waits to be started again
-    starting: bool = False  # its first start, not yet said to serve: an exit fails the start
     given_up: bool = False
 
     def exited(self) -> int | None:
@@ -146,9 +146,7 @@ class Frontends:
         """Start every frontend; ``wait_ready`` tells when the HTTP ones serve."""
         self.grpc_ports_file.unlink(missing_ok=True)
         for frontend in self.http:
-            read_end = self.start_http(frontend, tell_ready=True)
-            self.not_ready[read_end] = frontend
-            frontend.starting = True
+            self.start_http(frontend)
         self.start_grpc()
         ports = {api: sock.getsockname()[1] for api, sock in self.shared.items()}
         ports["inference"] = self.inference_address[1][1]
@@ -156,9 +154,9 @@ class Frontends:
                  ", ".join(str(f.proc.pid) for f in self.http if f.proc is not None), ports,
                  self.grpc.proc.pid if self.grpc.proc is not None else -1)
 
-    def start_http(self, frontend: Frontend, tell_ready: bool = False) -> int:
-        """Start an HTTP frontend on its own inference listener; with ``tell_ready``, return
-        the read end of a pipe it writes to once it serves (and that ends if it dies first)."""
+    def start_http(self, frontend: Frontend) -> None:
+        """Start an HTTP frontend on its own inference listener, with a pipe it writes to once
+        it serves (the pipe ends without a word if it dies first)."""
         if not self.spread:
             own = self.shared["inference"]
         elif self.unused_inference is not None:  # the one the daemon bound, for the first
@@ -169,37 +167,37 @@ class Frontends:
         listeners = {api: {"fd": sock.fileno(), "port": sock.getsockname()[1]}
                      for api, sock in socks.items()}
         spec = {**self.http_spec, "listeners": listeners}
-        fds = [listener["fd"] for listener in listeners.values()]
-        read_end = write_end = -1
-        if tell_ready:
-            read_end, write_end = os.pipe()
-            spec["ready_fd"] = write_end
-            fds.append(write_end)
+        read_end, write_end = os.pipe()
+        spec["ready_fd"] = write_end
+        fds = [*(listener["fd"] for listener in listeners.values()), write_end]
         try:
             with open(frontend.log_file, "ab") as out:
                 frontend.proc = subprocess.Popen(
                     [sys.executable, "-m", "mservd.frontends.http.server", json.dumps(spec)],
                     pass_fds=fds, stdin=subprocess.DEVNULL, stdout=out,
                     stderr=subprocess.STDOUT)
+        except OSError:
+            os.close(read_end)
+            raise
         finally:
             if own is not self.shared.get("inference"):
                 own.close()
-            if write_end >= 0:
-                os.close(write_end)
-        frontend.started = time.monotonic()
-        return read_end
+            os.close(write_end)
+        frontend.served = False
+        self.not_ready[read_end] = frontend
 
     def start_grpc(self) -> None:
         """Start the gRPC frontend; it binds its own ports, the ones it had before if any."""
         spec = dict(self.grpc_spec)
-        if self.grpc_served is not None:
+        if self.grpc_served is not None:  # started again: it says it serves by a new file
+            self.grpc_ports_file.unlink(missing_ok=True)
             spec["inference_port"] = int(self.grpc_served["inference"].rsplit(":", 1)[1])
             spec["management_port"] = int(self.grpc_served["management"].rsplit(":", 1)[1])
         with open(self.grpc.log_file, "ab") as out:
             self.grpc.proc = subprocess.Popen(
                 [sys.executable, "-m", "mservd.frontends.grpc.server", json.dumps(spec)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        self.grpc.started = time.monotonic()
+        self.grpc.served = False
 
     def wait_ready(self, timeout: float) -> str | None:
         """Wait until every HTTP frontend serves; None then, else why one does not."""
@@ -209,23 +207,22 @@ class Frontends:
             if left <= 0:
                 names = ", ".join(f.name for f in self.not_ready.values())
                 return f"{names} did not start within {timeout:.0f} s"
-            failed = self.hear_ready(left)
-            if failed is not None:
-                return self.cannot_start(failed)
+            for frontend in self.hear_ready(left):
+                if not frontend.served:  # the pipe ended without a word
+                    return self.cannot_start(frontend)
         return None
 
-    def hear_ready(self, timeout: float) -> Frontend | None:
-        """Read what the starting frontends said within ``timeout``; one whose pipe ended
-        without a word exited before it served, and is returned."""
+    def hear_ready(self, timeout: float) -> list[Frontend]:
+        """Read what the starting HTTP frontends said within ``timeout``: those heard from
+        either serve now or exited before they did."""
         readable, _, _ = select.select(list(self.not_ready), [], [], timeout)
+        heard = []
         for fd in readable:
             frontend = self.not_ready.pop(fd)
-            said = os.read(fd, 1)
+            frontend.served = os.read(fd, 1) == b"1"
             os.close(fd)
-            if not said:
-                return frontend
-            frontend.starting = False
-        return None
+            heard.append(frontend)
+        return heard
 
     def cannot_start(self, frontend: Frontend) -> str:
         code = None
@@ -243,6 +240,7 @@ class Frontends:
         while time.monotonic() < deadline:
             try:
                 self.grpc_served = json.loads(self.grpc_ports_file.read_text())
+                self.grpc.served = True
                 return self.grpc_served
             except (OSError, ValueError):
                 pass
@@ -260,24 +258,27 @@ class Frontends:
         if self.stopping:
             return None
         if self.not_ready:
-            failed = self.hear_ready(0.0)
-            if failed is not None:
-                return self.cannot_start(failed)
+            self.hear_ready(0.0)
+        if not self.grpc.served and self.grpc_served is not None:
+            self.grpc.served = self.grpc_ports_file.exists()
         for frontend in [*self.http, self.grpc]:
             if frontend.given_up:
                 continue
             code = frontend.exited()
             if code is None:
                 continue
-            if frontend.starting:  # died before it ever served
-                return self.cannot_start(frontend)
-            if frontend is self.grpc and self.grpc_served is None:
-                frontend.given_up = True  # never served: grpc_addresses says why
-                continue
-            if frontend.restart_at is None:
+            if frontend.restart_at is None:  # found dead just now
+                if frontend in self.not_ready.values():  # reaped: all it wrote is there
+                    self.hear_ready(0.0)
+                if not frontend.served and not frontend.restarts:  # never served at all
+                    if frontend is self.grpc:
+                        frontend.given_up = True  # grpc_addresses says why
+                        continue
+                    return self.cannot_start(frontend)
                 self.schedule_restart(frontend, now, how_it_ended(code))
-            elif now >= frontend.restart_at:
+            if frontend.restart_at is not None and now >= frontend.restart_at:
                 frontend.restart_at = None
+                frontend.restarts += 1
                 try:
                     if frontend is self.grpc:
                         self.start_grpc()
@@ -285,8 +286,8 @@ class Frontends:
                         self.start_http(frontend)
                 except OSError as exc:
                     log.error("cannot start the %s again: %s", frontend.name, exc)
-                    frontend.started = now
-                    self.schedule_restart(frontend, now, "could not start")
+                    frontend.served = False
+                    self.schedule_restart(frontend, now, "could not be started")
                 else:
                     log.info("%s started again (pid %d)", frontend.name, frontend.proc.pid)
                     self.restarted("grpc" if frontend is self.grpc else "http")
@@ -295,16 +296,16 @@ class Frontends:
         return None
 
     def schedule_restart(self, frontend: Frontend, now: float, what: str) -> None:
-        quick = now - frontend.started < QUICK_EXIT
-        frontend.quick_exits = frontend.quick_exits + 1 if quick else 0
-        if frontend.quick_exits >= MAX_QUICK_EXITS:
+        """Start it again at once if it had served; after a pause if it had not, unless that
+        is the MAX_FAILED_STARTS-th time in a row."""
+        frontend.failed_starts = 0 if frontend.served else frontend.failed_starts + 1
+        if frontend.failed_starts >= MAX_FAILED_STARTS:
             frontend.given_up = True
-            log.error("the %s %s %d times in a row within %.0f s of its start; it is not "
-                      "started again. The end of %s:\n%s", frontend.name, what,
-                      frontend.quick_exits, QUICK_EXIT, frontend.log_file,
-                      log_tail(frontend.log_file))
+            log.error("the %s %s before it served, %d starts in a row; it is not started "
+                      "again. The end of %s:\n%s", frontend.name, what, frontend.failed_starts,
+                      frontend.log_file, log_tail(frontend.log_file))
             return
-        frontend.restart_at = now + (RESTART_PAUSE if quick else 0.0)
+        frontend.restart_at = now + (RESTART_PAUSE if frontend.failed_starts else 0.0)
         pid = frontend.proc.pid if frontend.proc is not None else -1
         log.error("the %s (pid %d) %s; starting it again", frontend.name, pid, what)
 

@@ -293,7 +293,7 @@ def test_a_frontend_that_keeps_failing_to_start_stops_the_daemon(daemon_factory)
 
     assert daemon.proc.wait(timeout=60) == 1  # five starts that fail, a second apart
     logs = (daemon.log_dir / "mservd.log").read_text()
-    assert "HTTP frontend 1 exited with code 1 5 times in a row" in logs
+    assert "HTTP frontend 1 exited with code 1 before it served, 5 starts in a row" in logs
     assert "IsADirectoryError" in logs
     assert "stopping: no HTTP frontend can run" in logs
     _, alive = psutil.wait_procs(children, timeout=30)
