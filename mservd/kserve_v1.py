@@ -22,7 +22,9 @@ def decode_rows(payload: bytes) -> list[dict[str, Any]]:
     """One handler row per instance: ``{"body": instance, "data": instance}``."""
     try:
         doc = json.loads(payload)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except RecursionError:
+        raise V1Error("The JSON body is nested too deeply to parse.") from None
+    except ValueError as exc:  # UnicodeDecodeError included
         raise V1Error(f"The body is not JSON: {exc}") from None
     instances = doc.get("instances", doc.get("inputs")) if isinstance(doc, dict) else None
     if not isinstance(instances, list) or not instances:

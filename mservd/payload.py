@@ -14,6 +14,10 @@ from typing import Any
 JSON_TYPE = "application/json"
 
 
+class InputError(ValueError):
+    """An input that cannot be turned into a handler value; its request alone is answered 400."""
+
+
 def media_type(content_type: str | None) -> str:
     """The bare media type of a Content-Type value, lower-cased: ``text/plain; charset=x`` → ``text/plain``."""
     if not content_type:
@@ -32,19 +36,23 @@ def _charset(content_type: str) -> str:
 def decode_input(content_type: str | None, body: bytes) -> Any:
     """The value a handler receives for one input of the given content type.
 
-    A JSON body that does not parse is passed on as ``bytearray`` rather than refused: the
-    handler decides whether that is an error (TorchServe does the same).
+    A JSON body that does not parse, or text in a charset that cannot decode it (unknown,
+    ``undefined``, or the bytes are not in it), is passed on as ``bytearray`` rather than
+    refused: the handler decides whether that is an error (TorchServe does the same). JSON
+    nested too deeply to parse raises :class:`InputError`.
     """
     kind = media_type(content_type)
     if kind == JSON_TYPE or kind.endswith("+json"):
         try:
             return json.loads(body)
-        except (UnicodeDecodeError, ValueError):
+        except RecursionError:
+            raise InputError("The JSON body is nested too deeply to parse.") from None
+        except ValueError:  # UnicodeDecodeError included
             return bytearray(body)
     if kind.startswith("text/"):
         try:
             return bytes(body).decode(_charset(content_type or ""))
-        except (UnicodeDecodeError, LookupError):
+        except (ValueError, LookupError):  # UnicodeError (codec "undefined") is a ValueError
             return bytearray(body)
     return bytearray(body)
 

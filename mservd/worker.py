@@ -27,7 +27,7 @@ from mservd import kserve_v1, protocol
 from mservd.errors import error_body
 from mservd.lifeline import die_with_parent, parent_changed
 from mservd.log_format import formatter, log_to_stderr
-from mservd.payload import decode_input, encode_output
+from mservd.payload import InputError, decode_input, encode_output
 from mservd.v2 import handling as v2
 from mservd.v2 import metadata as v2_metadata
 from mservd.v2.codec import V2Error
@@ -217,7 +217,10 @@ def run_batch(handler, context, frames: list[bytes], max_response_size: int) -> 
     row_ids: list[str] = []
     row_headers: list[dict[str, str]] = []
     for req in protocol.parse_batch(frames):
-        rows, calls, is_v1 = _decode_request(req, context)
+        try:
+            rows, calls, is_v1 = _decode_request(req, context)
+        except Exception as exc:  # whatever a request's bytes raise, it fails that request alone
+            rows, calls, is_v1 = None, _undecodable(req, exc), False
         if rows is None:
             out += [req.rid, *calls]  # the 400 answer
             continue
@@ -241,7 +244,7 @@ def run_batch(handler, context, frames: list[bytes], max_response_size: int) -> 
                 f"Handler returned {got} outputs for a batch of {len(data)} requests; "
                 "handle() must return a list with one item per request."
             )
-    except Exception as exc:  # the handler's failure fails this batch only
+    except (Exception, SystemExit) as exc:  # the handler's failure fails this batch only
         status, type_, message = _describe_failure(exc)
         log.error("batch of requests %s failed (%s): %s", ",".join(ids), type_, message,
                   exc_info=True)
@@ -285,6 +288,21 @@ def _decode_request(req, context) -> tuple[list[dict[str, Any]] | None, list[Any
     return [row], [None], False
 
 
+def _undecodable(req, exc: Exception) -> list[bytes]:
+    """The 400 answer to a request whose inputs cannot be decoded, in its protocol's shape."""
+    reason = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+    message = f"The request's input cannot be decoded: {reason}"
+    log.warning("request %s refused: %s", req.rid.decode(errors="replace"), message)
+    content_type = req.inputs[0][1] if len(req.inputs) == 1 else ""
+    if content_type == kserve_v1.CONTENT_TYPE:
+        body = kserve_v1.error_answer(message)
+    elif content_type.startswith(v2.CONTENT_TYPE):
+        body = v2.error_answer(message)
+    else:
+        body = error_body(400, "BadRequestException", message)
+    return [protocol.pack_reply(400, "application/json"), body]
+
+
 def _encode_v1_answer(items: list[Any], max_response_size: int) -> list[bytes]:
     """A KServe V1 answer: the instances' predictions, or the first instance's error."""
     from handlers.errors import RequestError
@@ -295,7 +313,7 @@ def _encode_v1_answer(items: list[Any], max_response_size: int) -> list[bytes]:
                     kserve_v1.error_answer(item.message)]
     try:
         body = kserve_v1.encode_predictions(items)
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # TypeError, ValueError, RecursionError, a tolist() that raises
         return [protocol.pack_reply(500, "application/json"),
                 kserve_v1.error_answer(f"The predictions cannot be encoded: {exc}")]
     if len(body) > max_response_size:
@@ -339,13 +357,30 @@ def _encode_v2_answer(context, call, item: Any, max_response_size: int) -> list[
         body, content_type, headers = v2.encode_answer(
             call, item, _v2_meta(context), context.model_name,
             str(context.manifest.get("model", {}).get("modelVersion", "")))
-    except V2Error as exc:
-        log.error("v2 answer for model %s cannot be encoded: %s", context.model_name, exc)
-        return [protocol.pack_reply(500, "application/json"), v2.error_answer(str(exc))]
+    except Exception as exc:  # V2Error, or whatever the handler's value raises on the way
+        message = str(exc) if isinstance(exc, V2Error) else f"{type(exc).__name__}: {exc}"
+        log.error("v2 answer for model %s cannot be encoded: %s", context.model_name, message)
+        return [protocol.pack_reply(500, "application/json"), v2.error_answer(message)]
     if len(body) > max_response_size:
         return [protocol.pack_reply(500, "application/json"), v2.error_answer(
             f"Response of {len(body)} bytes exceeds max_response_size ({max_response_size}).")]
     return [protocol.pack_reply(200, content_type, headers), body]
+
+
+def _failed_batch(frames: list[bytes], exc: Exception) -> list[bytes] | None:
+    """A DONE message answering every request of a batch 500; None if it cannot be read."""
+    try:
+        requests = protocol.parse_batch(frames)
+    except Exception:  # the controller times the batch out and answers it
+        log.exception("worker dropped a batch it cannot read")
+        return None
+    reply = protocol.pack_reply(500, "application/json")
+    body = error_body(500, "InternalServerException",
+                      f"The worker failed this batch: {type(exc).__name__}: {exc}")
+    out = [protocol.DONE]
+    for req in requests:
+        out += [req.rid, reply, body]
+    return out
 
 
 class BatchShapeError(Exception):
@@ -374,7 +409,7 @@ def _encode_answer(context, idx: int, item: Any, max_response_size: int) -> list
     meta = context.response_meta(idx)
     try:
         body, content_type = encode_output(item, meta.content_type)
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # TypeError, ValueError, RecursionError, a tolist() that raises
         message = f"Handler output for request {idx} cannot be encoded: {exc}"
         log.error(message)
         return [protocol.pack_reply(500, "application/json"),
@@ -434,6 +469,11 @@ def serve(spec: dict[str, Any]) -> int:
         except protocol.ProtocolError as exc:
             log.error("worker dropped a malformed batch: %s", exc)
             continue
+        except Exception as exc:  # a bug of ours: the batch fails, the worker lives on
+            log.exception("batch failed outside the handler")
+            reply = _failed_batch(frames[1:], exc)
+            if reply is None:
+                continue
         finally:
             _tag_output("")
         sock.send_multipart(reply)

@@ -1,0 +1,73 @@
+"""One BATCH through the worker's path: a request's content fails that request alone."""
+
+from __future__ import annotations
+
+import json
+
+from handlers.context import Context
+from mservd import kserve_v1, protocol
+from mservd.worker import run_batch
+
+
+class Echo:
+    def handle(self, data, context):
+        return [row.get("body") for row in data]
+
+
+class Deep:
+    """Returns, for a request whose body is "deep", a value too nested for json.dumps."""
+
+    def handle(self, data, context):
+        out = []
+        for row in data:
+            value: list = []
+            if row.get("body") == "deep":
+                for _ in range(100_000):
+                    value = [value]
+            out.append(value if row.get("body") == "deep" else row.get("body"))
+        return out
+
+
+def batch(*requests: tuple[bytes, str, bytes]) -> list[bytes]:
+    frames: list[bytes] = []
+    for rid, content_type, body in requests:
+        frames += [rid, protocol.pack_meta([("body", content_type)], {}, False), body]
+    return frames
+
+
+def answers(done: list[bytes]) -> dict[bytes, tuple[int, object]]:
+    """rid -> (status, body): JSON bodies parsed, text ones as str."""
+    assert done[0] == protocol.DONE
+    out = {}
+    for i in range(1, len(done), 3):
+        status, content_type, _ = protocol.unpack_reply(done[i + 1])
+        body = done[i + 2]
+        out[done[i]] = (status, json.loads(body) if "json" in content_type else body.decode())
+    return out
+
+
+def context() -> Context:
+    return Context("m", ".", {"model": {"modelVersion": "1.0"}}, 8, None, "mservd")
+
+
+def test_worker_undecodable_request_is_400_and_its_batch_mates_are_computed() -> None:
+    got = answers(run_batch(Echo(), context(), batch(
+        (b"a", "application/json", b'{"x": 1}'),
+        (b"deep", "application/json", b"[" * 3000),
+        (b"bad-charset", "text/plain; charset=undefined", b"hi"),
+        (b"v1", kserve_v1.CONTENT_TYPE, b"[" * 3000),
+    ), 1 << 20))
+    assert got[b"a"] == (200, {"x": 1})
+    assert got[b"deep"][0] == 400
+    assert got[b"deep"][1]["message"] == ("The request's input cannot be decoded: The JSON "
+                                          "body is nested too deeply to parse.")
+    assert got[b"bad-charset"] == (200, "hi")  # an unusable charset: the raw bytes, as text/*
+    assert got[b"v1"] == (400, {"error": "The JSON body is nested too deeply to parse."})
+
+
+def test_worker_output_that_cannot_be_encoded_fails_its_own_request_only() -> None:
+    got = answers(run_batch(Deep(), context(), batch(
+        (b"ok", "text/plain", b"fine"), (b"deep", "text/plain", b"deep")), 1 << 20))
+    assert got[b"ok"] == (200, "fine")
+    assert got[b"deep"][0] == 500
+    assert "cannot be encoded" in got[b"deep"][1]["message"]
