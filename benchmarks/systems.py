@@ -247,7 +247,9 @@ class Mservd(System):
         cmd = " ".join(proc.cmdline())
         if self.proc is not None and proc.pid == self.proc.pid:
             return "controller"
-        if "mservd.frontends.http.server" in cmd:
+        if "gunicorn: master [mservd-http]" in cmd or "mservd.frontends.http" in cmd:
+            return "http arbiter"
+        if "gunicorn: worker [mservd-http]" in cmd:
             return "http frontend"
         if "mservd.frontends.grpc" in cmd:
             return "grpc frontend"

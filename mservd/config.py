@@ -188,6 +188,15 @@ def _above(minimum: float) -> Convert:
     return above
 
 
+def _between(low: float, high: float) -> Convert:
+    def between(value: Any) -> Any:
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"{value!r} must be from {low} to {high}")
+        return value
+
+    return between
+
+
 def _port(value: int) -> int:
     if not 0 <= value <= 65535:
         raise ValueError(f"{value!r} is not a port (0-65535; 0 picks a free port)")
@@ -479,7 +488,8 @@ class Settings:
         default=2,
         metadata=_meta(
             "frontend_workers",
-            "HTTP frontend processes; each serves the inference, management and metrics ports.",
+            "HTTP frontend worker processes under gunicorn's arbiter; each serves the "
+            "inference, management and metrics ports.",
             _at_least(1),
         ),
     )
@@ -487,8 +497,82 @@ class Settings:
         default=1000,
         metadata=_meta(
             "frontend_connections",
-            "Simultaneous connections each HTTP frontend process keeps open.",
+            "Simultaneous connections each HTTP frontend worker keeps open on the inference "
+            "port, and as many again on the management and metrics ports (counted apart, so a "
+            "flood of one cannot lock out the other); past it a new connection is closed.",
             _at_least(1),
+        ),
+    )
+    frontend_keepalive: float = field(
+        default=5.0,
+        metadata=_meta(
+            "frontend_keepalive",
+            "Seconds an HTTP connection may sit silent between requests (gunicorn's "
+            "keepalive); the next request's headers must be whole by then.",
+            _above(0),
+        ),
+    )
+    frontend_header_timeout: float = field(
+        default=10.0,
+        metadata=_meta(
+            "frontend_header_timeout",
+            "Seconds a new HTTP connection has to send its first request's headers, else 408 "
+            "and closed (slow clients cannot hold connections open).",
+            _above(0),
+        ),
+    )
+    frontend_write_timeout: float = field(
+        default=30.0,
+        metadata=_meta(
+            "frontend_write_timeout",
+            "Seconds an HTTP client may stop reading its answers before its connection is "
+            "closed (answers are not buffered for it meanwhile).",
+            _above(0),
+        ),
+    )
+    frontend_timeout: float = field(
+        default=30.0,
+        metadata=_meta(
+            "frontend_timeout",
+            "Seconds an HTTP frontend worker's event loop may stall before gunicorn replaces "
+            "the worker (gunicorn's timeout); also the longest pause inside a request body.",
+            _above(0),
+        ),
+    )
+    limit_request_line: int = field(
+        default=8190,
+        metadata=_meta(
+            "limit_request_line",
+            "Longest HTTP request line in bytes (414 above), checked as it arrives; at most "
+            "8190 (gunicorn's limit_request_line).",
+            _between(64, 8190),
+        ),
+    )
+    limit_request_fields: int = field(
+        default=100,
+        metadata=_meta(
+            "limit_request_fields",
+            "Most header fields in an HTTP request (431 above; gunicorn's "
+            "limit_request_fields).",
+            _between(1, 32768),
+        ),
+    )
+    limit_request_header_bytes: int = field(
+        default=65536,
+        metadata=_meta(
+            "limit_request_header_bytes",
+            "Largest HTTP request head in bytes, request line and headers together (431 "
+            "above), checked as it arrives.",
+            _between(1024, 1 << 24),
+        ),
+    )
+    limit_request_field_size: int = field(
+        default=8190,
+        metadata=_meta(
+            "limit_request_field_size",
+            "Longest HTTP header field in bytes, name and value (431 above), checked as it "
+            "arrives (gunicorn's limit_request_field_size).",
+            _between(64, 65536),
         ),
     )
     shed_delay_ms: int = field(
@@ -687,6 +771,10 @@ def _read_properties(path: str, problems: list[str]) -> dict[str, str]:
     return parse_properties(text)
 
 
+# TorchServe's frontend thread pools; gunicorn's workers take their place (frontend_workers)
+NETTY_KEYS = frozenset({"number_of_netty_threads", "netty_client_threads"})
+
+
 def load(
     config_file: str | os.PathLike[str] | None = None,
     *,
@@ -729,6 +817,10 @@ def load(
                 apply(*by_key[key], raw, "")
             else:
                 extra[key] = raw
+        for key in sorted(extra.keys() & NETTY_KEYS):
+            logger.warning("%s in %s is TorchServe's Netty thread count and is ignored: the "
+                           "HTTP frontends are frontend_workers gunicorn workers, each one "
+                           "event loop", key, path)
         if extra:
             logger.debug("Keys in %s that mservd does not use: %s", path, ", ".join(sorted(extra)))
 

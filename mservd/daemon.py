@@ -2,8 +2,8 @@
 
 This is what ``mservd start --foreground`` runs (and what ``mservd start`` runs detached). It
 owns the process-level pieces around the controller: the log, the pid and state files in the
-log folder, the listening sockets, the frontend processes (``frontends/processes.py``) and the
-signals.
+log folder, the HTTP ports (held for the frontends), the frontend processes
+(``frontends/processes.py``) and the signals.
 """
 
 from __future__ import annotations
@@ -78,23 +78,29 @@ def configure_logging(settings: Settings, log_dir: Path, to_stderr: bool) -> Non
         root.addHandler(stream)
 
 
-def bind_listener(address: str, what: str, reuse_port: bool = False) -> socket.socket:
+def hold_port(address: str, what: str) -> socket.socket:
+    """Bind ``address`` and hold its port without listening: the HTTP frontend's workers each
+    listen on it with SO_REUSEPORT (``frontends/http/arbiter.py``), and a socket that does not
+    listen is dealt no connections. Port 0 becomes a free port here, once for all of them."""
     scheme, host, port = parse_address(address)
     if scheme != "http":
         raise StartError(f"{what} {address!r}: only http:// is served; put TLS in front.")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise StartError(f"Cannot listen on {what} {address!r}: {exc.strerror}. Is another "
-                         "server using it? Set another port in config.properties.") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
+    # first without SO_REUSEPORT, which would let us share a port another server listens on
+    for reuse_port in (False, True):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise StartError(f"Cannot listen on {what} {address!r}: {exc.strerror}. Is another "
+                             "server using it? Set another port in config.properties.") from None
+        if not reuse_port:
+            port = sock.getsockname()[1]  # port 0: the free port the kernel chose
+            sock.close()
     return sock
 
 
@@ -134,7 +140,7 @@ class Daemon:
         self.frontends: Frontends | None = None
         self.failure: str | None = None  # why the daemon stopped on its own, if it did
         self.ready = False  # the state file says it serves
-        self.listeners: dict[str, socket.socket] = {}
+        self.ports: dict[str, socket.socket] = {}
         self.warnings: list[str] = []
 
     def run(self, to_stderr: bool = True) -> int:
@@ -153,9 +159,13 @@ class Daemon:
         for what, address in (("inference_address", settings.inference_address),
                               ("management_address", settings.management_address),
                               ("metrics_address", settings.metrics_address)):
-            api = what.split("_")[0]
-            self.listeners[api] = bind_listener(address, what, reuse_port=api == "inference"
-                                                and hasattr(socket, "SO_REUSEPORT"))
+            port = hold_port(address, what)
+            if any(held.getsockname()[1] == port.getsockname()[1]
+                   for held in self.ports.values()):
+                port.close()
+                raise StartError(f"{what} {address!r} has the port of another address; give "
+                                 "the inference, management and metrics addresses a port each.")
+            self.ports[what.split("_")[0]] = port
         self._addresses = self.addresses()
         state_path(self.log_dir).unlink(missing_ok=True)
         pid_path(self.log_dir).write_text(str(os.getpid()))
@@ -170,7 +180,7 @@ class Daemon:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         restarts = controller.metrics.frontend_restarts
-        frontends = self.frontends = Frontends(settings, self.log_dir, self.listeners,
+        frontends = self.frontends = Frontends(settings, self.log_dir, self.ports,
                                                f"ipc://{run_dir}/frontend.sock", keys is not None,
                                                lambda kind: restarts.labels(kind).inc())
         try:
@@ -227,7 +237,7 @@ class Daemon:
             frontends.stop()
             frontends.wait(timeout=settings.drain_timeout + 5)
             controller.close()
-            for sock in self.listeners.values():
+            for sock in self.ports.values():
                 sock.close()
             shutil.rmtree(run_dir, ignore_errors=True)
             pid_path(self.log_dir).unlink(missing_ok=True)
@@ -273,7 +283,7 @@ class Daemon:
 
     def addresses(self) -> dict[str, str]:
         out = {}
-        for api, sock in self.listeners.items():
+        for api, sock in self.ports.items():
             host, port = sock.getsockname()[:2]
             out[api] = f"http://{host}:{port}"
         return out

@@ -1,8 +1,7 @@
-"""What the frontends' WSGI apps share about the controller: its answer, the ways a call ends
-without one, and the bearer token of a request.
+"""What the frontends share about the controller: its answer, the ways a call ends without
+one, and the bearer token of a request.
 
-The line itself is ``async_bridge.py`` (one DEALER socket per frontend process); the WSGI apps
-call it through the HTTP server's blocking ``ThreadBridge``.
+The line itself is ``async_bridge.py`` (one DEALER socket per frontend process).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ class Reply:
     """An answer. A streamed one has ``stream``: the bodies of the later parts, final one last;
     ``status``, ``content_type`` and ``headers`` are then those of the first part."""
 
-    __slots__ = ("status", "content_type", "headers", "body", "stream")
+    __slots__ = ("body", "content_type", "headers", "status", "stream")
 
     def __init__(self, status: int, content_type: str, headers: dict[str, str], body: bytes,
                  stream: Any = None):
@@ -33,11 +32,11 @@ class Reply:
         self.stream = stream
 
 
-def bearer_token(environ: dict[str, Any]) -> str | None:
-    value = environ.get("HTTP_AUTHORIZATION")
-    if not value:
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value, else None."""
+    if not authorization:
         return None
-    scheme, _, token = value.partition(" ")
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer":
         return None
     return token.strip() or None

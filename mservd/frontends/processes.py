@@ -1,20 +1,23 @@
-"""The frontend processes: start them, start again one that dies, stop them.
+"""The frontend processes: gunicorn's arbiter for HTTP, the gRPC frontend; start them, start
+again one that dies, stop them.
 
-The daemon binds the listening sockets and hands them here; the frontends (``frontend_workers``
-HTTP ones and one gRPC) each run in their own process. As gunicorn's arbiter does for its
-workers, a frontend that dies while serving (a bug, the OOM killer, a stray kill) is started
-again, an HTTP one on a fresh listener in the inference port's SO_REUSEPORT group, so the port
-keeps answering. One that cannot start is not retried for ever: at start-up the daemon reports
-why and exits (a broken install or an unusable log file will not mend itself), and later a
-frontend started again that exits before it serves MAX_FAILED_STARTS times in a row is given
-up; with no HTTP frontend left, the daemon stops. A frontend says it serves: an HTTP one writes
-a byte to a pipe it is given, the gRPC one writes its ports file.
+The daemon binds the listening sockets and hands them here. The HTTP frontends are gunicorn's
+business (``frontends/http/arbiter.py``): its arbiter forks, watches and replaces the worker
+processes, and each worker writes a byte to a pipe once it serves, which this module counts
+(its first ``frontend_workers`` bytes: the HTTP API is up; each after that: a worker started
+again). Here the arbiter itself and the gRPC frontend are watched: one that dies while serving
+is started again on the same sockets and ports. One that cannot start is not retried for ever:
+at start-up the daemon reports why and exits (a broken install or an unusable log file will not
+mend itself), and later one started again that exits before it serves MAX_FAILED_STARTS times
+in a row is given up; with no HTTP frontend left, the daemon stops. The gRPC frontend says it
+serves by writing its ports file.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -22,9 +25,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mservd.config import Settings, parse_address
 
@@ -36,27 +40,15 @@ LOG_TAIL = 8  # lines of a frontend's log quoted when it cannot start
 GRPC_PORTS_FILE = "grpc.ports.json"
 
 
-def reuseport_listener(family: int, address: tuple[str, int]) -> socket.socket:
-    """A listener on ``address`` that joins its SO_REUSEPORT group."""
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(address)
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
 def log_tail(path: Path) -> str:
+    """The errors at the end of a frontend's log (its last lines if it logged none): what a
+    failed start quotes. Tracebacks and gunicorn's shutdown lines would bury the reason."""
     try:
         lines = path.read_text(errors="replace").strip().splitlines()
     except OSError:
         return "(no log)"
-    return "\n".join(lines[-LOG_TAIL:])
+    errors = [line for line in lines if " ERROR " in line]
+    return "\n".join((errors or lines)[-LOG_TAIL:])
 
 
 def how_it_ended(code: int) -> str:
@@ -86,36 +78,41 @@ class Frontend:
 
 
 class Frontends:
-    """The daemon's frontend processes and the listeners they are started with."""
+    """The daemon's frontend processes: gunicorn's arbiter (HTTP) and the gRPC frontend."""
 
-    def __init__(self, settings: Settings, log_dir: Path, listeners: dict[str, socket.socket],
+    def __init__(self, settings: Settings, log_dir: Path, ports: dict[str, socket.socket],
                  controller: str, auth: bool,
                  restarted: Callable[[str], None] = lambda kind: None) -> None:
         self.restarted = restarted  # told "http" or "grpc" each time one is started again
-        self.spread = hasattr(socket, "SO_REUSEPORT")  # as the daemon binds it; not on Windows
-        inference = listeners["inference"]
-        self.inference_address = (inference.family, inference.getsockname()[:2])
-        # Each HTTP frontend accepts on its own inference listener, all on one port: the kernel
-        # spreads new connections evenly over them, where on one shared listener whichever
-        # process woke first took most of them. We keep no copy of those, so a frontend that
-        # dies takes its listener out of the group instead of leaving it to gather connections
-        # nobody accepts. The management and metrics listeners are shared, and kept here.
-        self.shared = {api: sock for api, sock in listeners.items()
-                       if api != "inference" or not self.spread}
-        self.unused_inference: socket.socket | None = inference if self.spread else None
+        reply_timeout = (2 * settings.default_response_timeout
+                         + settings.default_startup_timeout + 60)
+        addresses = {api: sock.getsockname()[:2] for api, sock in ports.items()}
         self.http_spec: dict[str, Any] = {
             "controller": controller,
+            "workers": settings.frontend_workers,
+            "binds": [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                      for host, port in addresses.values()],
+            "ports": {api: port for api, (_, port) in addresses.items()},
             "shed_delay_ms": settings.shed_delay_ms,
             "max_queue_wait_ms": settings.max_queue_wait_ms,
             "connections": settings.frontend_connections,
-            "graceful_timeout": settings.drain_timeout,
+            "header_timeout": settings.frontend_header_timeout,
+            "write_timeout": settings.frontend_write_timeout,
+            "max_header_bytes": settings.limit_request_header_bytes,
             "accesslog": str(log_dir / "access_log.log"),
             "log_format": settings.log_format,
             "log_level": settings.log_level,
             "auth": auth,
             "max_request_size": settings.max_request_size,
-            "reply_timeout": 2 * settings.default_response_timeout
-                             + settings.default_startup_timeout + 60,
+            "reply_timeout": reply_timeout,
+            "gunicorn": {  # gunicorn's own settings (config.py documents each key), in
+                "graceful_timeout": math.ceil(settings.drain_timeout),  # whole seconds
+                "keepalive": math.ceil(settings.frontend_keepalive),
+                "timeout": math.ceil(settings.frontend_timeout),
+                "limit_request_line": settings.limit_request_line,
+                "limit_request_fields": settings.limit_request_fields,
+                "limit_request_field_size": settings.limit_request_field_size,
+            },
         }
         self.grpc_ports_file = log_dir / GRPC_PORTS_FILE
         self.grpc_spec: dict[str, Any] = {
@@ -128,63 +125,49 @@ class Frontends:
             "auth": auth,
             "max_request_size": settings.max_request_size,
             "max_response_size": settings.max_response_size,
-            "reply_timeout": self.http_spec["reply_timeout"],
+            "reply_timeout": reply_timeout,
             "graceful_timeout": settings.drain_timeout,
             "log_level": settings.log_level,
             "log_format": settings.log_format,
         }
-        self.http = [Frontend(f"HTTP frontend {i + 1}", log_dir / "frontend.log")
-                     for i in range(settings.frontend_workers)]
+        self.http = Frontend("HTTP frontend (gunicorn's arbiter)", log_dir / "frontend.log")
         self.grpc = Frontend("gRPC frontend", log_dir / "grpc.log")
         self.grpc_served: dict[str, str] | None = None  # its addresses, once it reported them
-        self.not_ready: dict[int, Frontend] = {}  # read end of a ready pipe -> its frontend
+        self.ready_pipe: int | None = None  # read end: a byte per HTTP worker that serves
+        self.booted = 0  # bytes read from it since the arbiter was started
         self.stopping = False
 
     # -- starting ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start every frontend; ``wait_ready`` tells when the HTTP ones serve."""
+        """Start every frontend; ``wait_ready`` tells when the HTTP workers serve."""
         self.grpc_ports_file.unlink(missing_ok=True)
-        for frontend in self.http:
-            self.start_http(frontend)
+        self.start_http()
         self.start_grpc()
-        ports = {api: sock.getsockname()[1] for api, sock in self.shared.items()}
-        ports["inference"] = self.inference_address[1][1]
-        log.info("HTTP frontends started (pids %s) on ports %s; gRPC frontend (pid %d)",
-                 ", ".join(str(f.proc.pid) for f in self.http if f.proc is not None), ports,
-                 self.grpc.proc.pid if self.grpc.proc is not None else -1)
+        log.info("HTTP frontends started (gunicorn's arbiter, pid %d) on ports %s; gRPC "
+                 "frontend (pid %d)", self.http.proc.pid if self.http.proc else -1,
+                 self.http_spec["ports"], self.grpc.proc.pid if self.grpc.proc else -1)
 
-    def start_http(self, frontend: Frontend) -> None:
-        """Start an HTTP frontend on its own inference listener, with a pipe it writes to once
-        it serves (the pipe ends without a word if it dies first)."""
-        if not self.spread:
-            own = self.shared["inference"]
-        elif self.unused_inference is not None:  # the one the daemon bound, for the first
-            own, self.unused_inference = self.unused_inference, None
-        else:
-            own = reuseport_listener(*self.inference_address)
-        socks = {**self.shared, "inference": own}
-        listeners = {api: {"fd": sock.fileno(), "port": sock.getsockname()[1]}
-                     for api, sock in socks.items()}
-        spec = {**self.http_spec, "listeners": listeners}
+    def start_http(self) -> None:
+        """Start gunicorn's arbiter with a pipe its workers write to once they serve (the
+        pipe ends without a word if they all die first)."""
+        self.close_ready_pipe()
         read_end, write_end = os.pipe()
-        spec["ready_fd"] = write_end
-        fds = [*(listener["fd"] for listener in listeners.values()), write_end]
+        spec = {**self.http_spec, "ready_fd": write_end}
         try:
-            with open(frontend.log_file, "ab") as out:
-                frontend.proc = subprocess.Popen(
-                    [sys.executable, "-m", "mservd.frontends.http.server", json.dumps(spec)],
-                    pass_fds=fds, stdin=subprocess.DEVNULL, stdout=out,
+            with open(self.http.log_file, "ab") as out:
+                self.http.proc = subprocess.Popen(
+                    [sys.executable, "-m", "mservd.frontends.http.arbiter", json.dumps(spec)],
+                    pass_fds=[write_end], stdin=subprocess.DEVNULL, stdout=out,
                     stderr=subprocess.STDOUT)
         except OSError:
             os.close(read_end)
             raise
         finally:
-            if own is not self.shared.get("inference"):
-                own.close()
             os.close(write_end)
-        frontend.served = False
-        self.not_ready[read_end] = frontend
+        os.set_blocking(read_end, False)
+        self.ready_pipe, self.booted = read_end, 0
+        self.http.served = False
 
     def start_grpc(self) -> None:
         """Start the gRPC frontend; it binds its own ports, the ones it had before if any."""
@@ -200,29 +183,43 @@ class Frontends:
         self.grpc.served = False
 
     def wait_ready(self, timeout: float) -> str | None:
-        """Wait until every HTTP frontend serves; None then, else why one does not."""
+        """Wait until every HTTP worker serves; None then, else why they do not."""
         deadline = time.monotonic() + timeout
-        while self.not_ready:
+        while self.booted < self.http_spec["workers"]:
             left = deadline - time.monotonic()
             if left <= 0:
-                names = ", ".join(f.name for f in self.not_ready.values())
-                return f"{names} did not start within {timeout:.0f} s"
-            for frontend in self.hear_ready(left):
-                if not frontend.served:  # the pipe ended without a word
-                    return self.cannot_start(frontend)
+                return f"the HTTP frontend's workers did not start within {timeout:.0f} s"
+            if self.ready_pipe is None or not self.hear_ready(left):
+                return self.cannot_start(self.http)
         return None
 
-    def hear_ready(self, timeout: float) -> list[Frontend]:
-        """Read what the starting HTTP frontends said within ``timeout``: those heard from
-        either serve now or exited before they did."""
-        readable, _, _ = select.select(list(self.not_ready), [], [], timeout)
-        heard = []
-        for fd in readable:
-            frontend = self.not_ready.pop(fd)
-            frontend.served = os.read(fd, 1) == b"1"
-            os.close(fd)
-            heard.append(frontend)
-        return heard
+    def hear_ready(self, timeout: float) -> bool:
+        """Count the HTTP workers that said they serve within ``timeout``; False once none of
+        the arbiter's processes is left to say it (the pipe ended)."""
+        if self.ready_pipe is None:
+            return False
+        readable, _, _ = select.select([self.ready_pipe], [], [], timeout)
+        if not readable:
+            return True
+        try:
+            heard = os.read(self.ready_pipe, 4096)
+        except BlockingIOError:
+            return True
+        if not heard:
+            self.close_ready_pipe()
+            return False
+        workers = self.http_spec["workers"]
+        for _ in heard:
+            self.booted += 1
+            if self.booted > workers:  # gunicorn replaced a worker that died
+                self.restarted("http")
+        self.http.served = True
+        return True
+
+    def close_ready_pipe(self) -> None:
+        if self.ready_pipe is not None:
+            os.close(self.ready_pipe)
+            self.ready_pipe = None
 
     def cannot_start(self, frontend: Frontend) -> str:
         code = None
@@ -257,19 +254,16 @@ class Frontends:
         """Start again the frontends that died; why the daemon must stop, if it must."""
         if self.stopping:
             return None
-        if self.not_ready:
-            self.hear_ready(0.0)
+        self.hear_ready(0.0)
         if not self.grpc.served and self.grpc_served is not None:
             self.grpc.served = self.grpc_ports_file.exists()
-        for frontend in [*self.http, self.grpc]:
+        for frontend in (self.http, self.grpc):
             if frontend.given_up:
                 continue
             code = frontend.exited()
             if code is None:
                 continue
             if frontend.restart_at is None:  # found dead just now
-                if frontend in self.not_ready.values():  # reaped: all it wrote is there
-                    self.hear_ready(0.0)
                 if not frontend.served and not frontend.restarts:  # never served at all
                     if frontend is self.grpc:
                         frontend.given_up = True  # grpc_addresses says why
@@ -283,7 +277,7 @@ class Frontends:
                     if frontend is self.grpc:
                         self.start_grpc()
                     else:
-                        self.start_http(frontend)
+                        self.start_http()
                 except OSError as exc:
                     log.error("cannot start the %s again: %s", frontend.name, exc)
                     frontend.served = False
@@ -291,7 +285,7 @@ class Frontends:
                 else:
                     log.info("%s started again (pid %d)", frontend.name, frontend.proc.pid)
                     self.restarted("grpc" if frontend is self.grpc else "http")
-        if all(f.given_up for f in self.http):
+        if self.http.given_up:
             return "no HTTP frontend can run; see frontend.log in the log folder"
         return None
 
@@ -312,25 +306,19 @@ class Frontends:
     # -- stopping ------------------------------------------------------------------------
 
     def alive(self) -> bool:
-        return any(f.exited() is None and f.proc is not None for f in [*self.http, self.grpc])
+        return any(f.exited() is None and f.proc is not None for f in (self.http, self.grpc))
 
     def stop(self) -> None:
-        """Close our copies of the listeners, and ask the frontends to finish and exit."""
+        """Ask the frontends to finish what they hold and exit (gunicorn's graceful stop)."""
         self.stopping = True
-        for sock in self.shared.values():
-            sock.close()
-        if self.unused_inference is not None:
-            self.unused_inference.close()
-        for fd in self.not_ready:
-            os.close(fd)
-        self.not_ready.clear()
-        for frontend in [*self.http, self.grpc]:
+        self.close_ready_pipe()
+        for frontend in (self.http, self.grpc):
             if frontend.proc is not None and frontend.proc.poll() is None:
                 frontend.proc.send_signal(signal.SIGTERM)
 
     def wait(self, timeout: float) -> None:
         """Wait for the frontends to exit; kill what is left after ``timeout``."""
-        for frontend in [*self.http, self.grpc]:
+        for frontend in (self.http, self.grpc):
             if frontend.proc is None:
                 continue
             try:

@@ -209,6 +209,28 @@ def daemon_factory(tmp_path: Path, store: Path):
         daemon.stop()
 
 
+def http_arbiter(daemon: Daemon) -> psutil.Process | None:
+    """gunicorn's arbiter of the daemon's HTTP frontends (named by setproctitle)."""
+    for child in daemon.descendants():
+        try:
+            if "gunicorn: master" in " ".join(child.cmdline()):
+                return child
+        except psutil.Error:
+            continue
+    return None
+
+
+def http_workers(daemon: Daemon) -> list[psutil.Process]:
+    """The live HTTP frontend workers: the arbiter's children."""
+    arbiter = http_arbiter(daemon)
+    if arbiter is None:
+        return []
+    try:
+        return [p for p in arbiter.children() if p.status() != psutil.STATUS_ZOMBIE]
+    except psutil.Error:
+        return []
+
+
 def wait_until(predicate, timeout: float, what: str):
     """Poll ``predicate`` every 0.1 s until it is truthy; fail the test after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -87,7 +87,7 @@ def test_a_frontend_that_cannot_start_fails_the_start_with_its_reason(tmp_path: 
                      timeout=120)
     assert started.returncode != 0
     assert "mservd cannot serve: the HTTP frontend" in started.stderr
-    assert "exited as it started (exit code 1)" in started.stderr
+    assert "exited as it started" in started.stderr
     assert "IsADirectoryError" in started.stderr  # from the end of frontend.log
     assert not (tmp_path / "logs" / "mservd.pid").exists()
     assert mservd("status", cwd=tmp_path).returncode != 0

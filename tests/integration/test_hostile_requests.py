@@ -78,3 +78,146 @@ def test_a_hostile_request_in_a_batch_leaves_the_rest_of_it_answered(daemon) -> 
     assert [a.json()["echo"] for a in answers] == [{"n": i} for i in range(4)]
     assert max(a.json()["batch_size"] for a in answers) > 1  # they did share a batch
     assert daemon.worker_pids("echobatch") == pids
+
+
+# -- the HTTP wire: gunicorn's parser and limits, and FrontendProtocol's ----------------------
+
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory, store):
+    """A daemon with short HTTP deadlines and a small connection cap, so attacks show fast."""
+    from conftest import Daemon
+
+    daemon = Daemon(tmp_path_factory.mktemp("hostile-wire"), store,
+                    {"load_models": "echo.mar", "frontend_header_timeout": 2,
+                     "frontend_write_timeout": 2, "frontend_connections": 20})
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+def connect(daemon, api: str = "inference"):
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(daemon.url(api, "/"))
+    return socket.create_connection((url.hostname, url.port), timeout=30)
+
+
+def read_head(sock) -> tuple[int, bytes]:
+    """The status of the first answer on ``sock`` and what came with it."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before an answer: {data!r}"
+        data += chunk
+    return int(data.split(b" ", 2)[1]), data
+
+
+def closed_by_server(sock, within: float) -> bool:
+    import time
+
+    sock.settimeout(within)
+    deadline = time.monotonic() + within
+    try:
+        while time.monotonic() < deadline:
+            if not sock.recv(65536):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+    return False
+
+
+def test_headers_past_64_kib_are_431_before_they_end(strict) -> None:
+    with connect(strict) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n")
+        for i in range(80):  # 80 KB of headers, each well under the per-field limit
+            sock.sendall(b"X-H%d: %s\r\n" % (i, b"v" * 1000))
+        # the head never ends: the 431 comes as the bytes pass 64 KiB
+        status, data = read_head(sock)
+    assert status == 431
+    assert b'"type": "RequestHeaderFieldsTooLarge"' in data
+
+
+def test_headers_trickled_past_the_deadline_get_408_and_the_connection_closes(strict) -> None:
+    import time
+
+    started = time.monotonic()
+    with connect(strict) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nX-Slow: ")
+        for _ in range(3):  # a byte a second keeps no connection open past the deadline
+            time.sleep(1)
+            try:
+                sock.sendall(b"a")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        status, data = read_head(sock)
+        assert closed_by_server(sock, 5)
+    assert status == 408 and b'"code": 408' in data
+    assert time.monotonic() - started < 8
+
+
+def test_an_inference_flood_leaves_management_and_metrics_answering(strict) -> None:
+    import requests
+
+    flood = [connect(strict) for _ in range(40)]  # twice the cap, all idle
+    try:
+        assert sum(closed_by_server(sock, 0.5) for sock in flood) >= 20  # past the cap: closed
+        assert strict.manage("GET", "/models").status_code == 200
+        assert requests.get(strict.url("metrics", "/metrics"), timeout=10).status_code == 200
+    finally:
+        for sock in flood:
+            sock.close()
+    assert requests.get(strict.url("inference", "/ping"), timeout=10).status_code == 200
+
+
+def test_a_client_that_never_reads_is_closed_and_buffers_nothing_for_it(strict) -> None:
+    import psutil
+    from conftest import http_workers
+
+    [worker] = http_workers(strict)
+    before = worker.memory_info().rss
+    with connect(strict) as sock:
+        sock.setsockopt(__import__("socket").SOL_SOCKET, __import__("socket").SO_RCVBUF, 4096)
+        request = b"GET /api-description HTTP/1.1\r\nHost: x\r\n\r\n"
+        sock.settimeout(5)
+        try:
+            sock.sendall(request * 300)  # pipelined, and never read
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            pass
+        port = sock.getsockname()[1]
+
+        def still_open() -> bool:
+            return any(c.raddr and c.raddr.port == port for c in worker.net_connections("tcp"))
+
+        from conftest import wait_until
+
+        wait_until(lambda: not still_open(), 15, "the server to give up on the reader")
+    assert worker.memory_info().rss - before < 16 * 2**20
+    assert psutil.pid_exists(worker.pid)
+
+
+def test_a_chunked_trailer_does_not_authorize_a_request(strict) -> None:
+    key = strict.key("inference")
+    body = b'{"a": 1}'
+    with connect(strict) as sock:
+        sock.sendall(b"POST /predictions/echo HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + b"%x\r\n%s\r\n0\r\nAuthorization: Bearer %s\r\n\r\n"
+                     % (len(body), body, key.encode()))
+        status, _ = read_head(sock)
+    assert status in (400, 401)  # refused as a trailer, or as a request without a token
+
+
+def test_a_malformed_request_pipelined_behind_a_good_one_is_answered_after_it(strict) -> None:
+    with connect(strict) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\nNOT HTTP AT ALL\r\n\r\n")
+        data = b""
+        while data.count(b"HTTP/1.1 ") < 2:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    first, second = data.split(b"HTTP/1.1 ")[1:3]
+    assert first.startswith(b"200") and second.startswith(b"400")

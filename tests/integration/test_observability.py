@@ -88,7 +88,11 @@ def test_log_format_json_makes_every_process_log_json(daemon_factory) -> None:
         lines = [line for line in (logs / name).read_text().splitlines() if line.startswith("{")]
         records[name] = [json.loads(line) for line in lines]
     assert any("ready" in r["message"] for r in records["model_echo.log"])  # the worker's
-    assert any("HTTP frontend serving" in r["message"] for r in records["frontend.log"])
+    assert any("HTTP frontends: gunicorn's arbiter" in r["message"]
+               for r in records["frontend.log"])
+    assert any(r["logger"] == "gunicorn.error" for r in records["frontend.log"])  # its own too
+    assert all(line.startswith("{")
+               for line in (logs / "frontend.log").read_text().splitlines() if line)
     assert any(r.get("request_id") == rid and r["status"] == 200
                for r in records["access_log.log"])
     assert records["mservd.log"] and all(r["level"] for r in records["mservd.log"])

@@ -200,9 +200,9 @@ def test_a_crash_looping_model_does_not_slow_the_others(daemon_factory) -> None:
         assert killed.json() == WORKER_DIED
 
 
-def frontend_processes(daemon, kind: str) -> list[psutil.Process]:
-    return [p for p in psutil.Process(daemon.proc.pid).children()
-            if f"mservd.frontends.{kind}.server" in " ".join(p.cmdline())]
+def grpc_frontend(daemon) -> psutil.Process | None:
+    return next((p for p in psutil.Process(daemon.proc.pid).children()
+                 if "mservd.frontends.grpc.server" in " ".join(p.cmdline())), None)
 
 
 def answers_ping(daemon) -> bool:
@@ -212,52 +212,59 @@ def answers_ping(daemon) -> bool:
         return False
 
 
-def test_a_killed_frontend_is_started_again_on_the_same_ports(daemon_factory) -> None:
+def test_a_killed_http_worker_is_replaced_by_gunicorn_and_counted(daemon_factory) -> None:
+    from conftest import http_workers
+
+    daemon = daemon_factory({"load_models": "echo.mar"})  # one HTTP worker: none is left
+    [worker] = http_workers(daemon)
+    os.kill(worker.pid, signal.SIGKILL)
+    wait_until(lambda: [w.pid for w in http_workers(daemon)] not in ([], [worker.pid]), 30,
+               "gunicorn to start another worker")
+    wait_until(lambda: answers_ping(daemon), 30, "the inference port answering again")
+    assert daemon.predict("echo", json={"after": "restart"}).json()["echo"] == {"after": "restart"}
+    assert daemon.manage("GET", "/models").status_code == 200
+    assert f"Worker (pid:{worker.pid}) was sent SIGKILL" in (
+        daemon.log_dir / "frontend.log").read_text()
+    wait_until(lambda: 'mservd_frontend_restarts_total{frontend="http"} 1.0' in requests.get(
+        daemon.url("metrics", "/metrics"), timeout=10).text, 10, "the restart to be counted")
+
+
+def test_a_killed_arbiter_and_grpc_frontend_are_started_again_on_the_same_ports(
+        daemon_factory) -> None:
     import grpc
+    from conftest import http_arbiter
     from google.protobuf import empty_pb2
 
     from mservd.frontends.grpc.generated import inference_pb2_grpc
 
-    daemon = daemon_factory({"load_models": "echo.mar"})  # one HTTP frontend: none is left
-    [http] = frontend_processes(daemon, "http")
-    [grpc_frontend] = frontend_processes(daemon, "grpc")
-    os.kill(http.pid, signal.SIGKILL)
-    os.kill(grpc_frontend.pid, signal.SIGKILL)
+    daemon = daemon_factory({"load_models": "echo.mar"})
+    arbiter = http_arbiter(daemon)
+    old_grpc = grpc_frontend(daemon)
+    os.kill(arbiter.pid, signal.SIGKILL)  # its workers notice and leave within a second
+    os.kill(old_grpc.pid, signal.SIGKILL)
 
+    wait_until(lambda: (http_arbiter(daemon) or arbiter).pid != arbiter.pid, 30,
+               "a new arbiter")
     wait_until(lambda: answers_ping(daemon), 30, "the inference port answering again")
     assert daemon.predict("echo", json={"after": "restart"}).json()["echo"] == {"after": "restart"}
-    assert daemon.manage("GET", "/models").status_code == 200  # its listener was kept
-    [again] = frontend_processes(daemon, "http")
-    assert again.pid != http.pid
+    assert daemon.manage("GET", "/models").status_code == 200  # the same ports
     channel = grpc.insecure_channel(daemon.grpc_address("inference"))  # the address it had
     stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
-    wait_until(lambda: grpc_frontend.pid not in
-               [p.pid for p in frontend_processes(daemon, "grpc")], 10, "a new gRPC frontend")
+    wait_until(lambda: (grpc_frontend(daemon) or old_grpc).pid != old_grpc.pid, 10,
+               "a new gRPC frontend")
     health = stub.Ping(empty_pb2.Empty(), timeout=30, wait_for_ready=True)
     assert json.loads(health.health)["status"] == "Healthy"
     logs = (daemon.log_dir / "mservd.log").read_text()
-    assert f"HTTP frontend 1 (pid {http.pid}) was killed by SIGKILL; starting it again" in logs
+    assert (f"HTTP frontend (gunicorn's arbiter) (pid {arbiter.pid}) was killed by SIGKILL; "
+            "starting it again") in logs
     assert "gRPC frontend started again" in logs
     metrics = requests.get(daemon.url("metrics", "/metrics"), timeout=10).text
     assert 'mservd_frontend_restarts_total{frontend="http"} 1.0' in metrics
     assert 'mservd_frontend_restarts_total{frontend="grpc"} 1.0' in metrics
 
 
-def serves(frontend: psutil.Process) -> bool:
-    """Whether the frontend answers HTTP on one of its ports (its listeners are inherited:
-    listening alone does not say it serves)."""
-    for c in frontend.net_connections(kind="tcp"):
-        if c.status == psutil.CONN_LISTEN:
-            try:
-                requests.get(f"http://127.0.0.1:{c.laddr.port}/ping", timeout=2)
-                return True
-            except requests.RequestException:  # refused, or accepted but not yet answered
-                return False
-    return False
-
-
-def test_a_frontend_killed_while_the_models_load_is_started_again(tmp_path, store) -> None:
-    from conftest import Daemon
+def test_an_arbiter_killed_while_the_models_load_is_started_again(tmp_path, store) -> None:
+    from conftest import Daemon, http_arbiter
 
     workdir = tmp_path / "d"
     workdir.mkdir()
@@ -265,17 +272,19 @@ def test_a_frontend_killed_while_the_models_load_is_started_again(tmp_path, stor
     starting = threading.Thread(target=daemon.start)  # returns once the model has loaded
     starting.start()
     try:
-        wait_until(lambda: daemon.proc is not None and frontend_processes(daemon, "http"), 30,
-                   "an HTTP frontend")
-        [http] = frontend_processes(daemon, "http")
-        wait_until(lambda: serves(http), 30, "the frontend serving")
-        os.kill(http.pid, signal.SIGKILL)  # it served, and the model is still loading
+        wait_until(lambda: daemon.proc is not None and http_arbiter(daemon), 30,
+                   "gunicorn's arbiter")
+        arbiter = http_arbiter(daemon)
+        log = daemon.log_dir / "frontend.log"
+        wait_until(lambda: log.exists() and "ASGI server listening" in log.read_text(), 30,
+                   "a worker serving")
+        os.kill(arbiter.pid, signal.SIGKILL)  # it served, and the model is still loading
         starting.join(timeout=60)
         assert daemon.state, "the daemon did not become ready"
         assert daemon.proc.poll() is None
         wait_until(lambda: answers_ping(daemon), 30, "the inference port answering again")
         logs = (daemon.log_dir / "mservd.log").read_text()
-        assert f"HTTP frontend 1 (pid {http.pid}) was killed by SIGKILL; starting it again" in logs
+        assert f"(pid {arbiter.pid}) was killed by SIGKILL; starting it again" in logs
         assert "exited as it started" not in logs
     finally:
         starting.join(timeout=60)
@@ -283,17 +292,22 @@ def test_a_frontend_killed_while_the_models_load_is_started_again(tmp_path, stor
 
 
 def test_a_frontend_that_keeps_failing_to_start_stops_the_daemon(daemon_factory) -> None:
+    import re
+
+    from conftest import http_workers
+
     daemon = daemon_factory({"load_models": "echo.mar"})
     children = daemon.descendants()
     access_log = daemon.log_dir / "access_log.log"
     access_log.rename(daemon.log_dir / "access_log.old")
-    access_log.mkdir()  # a new frontend cannot open its access log any more
-    [http] = frontend_processes(daemon, "http")
-    os.kill(http.pid, signal.SIGKILL)
+    access_log.mkdir()  # a new worker cannot open its access log any more
+    [worker] = http_workers(daemon)
+    os.kill(worker.pid, signal.SIGKILL)  # gunicorn's replacement fails to boot: it halts
 
-    assert daemon.proc.wait(timeout=60) == 1  # five starts that fail, a second apart
+    assert daemon.proc.wait(timeout=90) == 1  # five arbiters that fail, a second apart
     logs = (daemon.log_dir / "mservd.log").read_text()
-    assert "HTTP frontend 1 exited with code 1 before it served, 5 starts in a row" in logs
+    assert re.search(r"HTTP frontend \(gunicorn's arbiter\) exited with code \d+ before it "
+                     r"served, 5 starts in a row", logs), logs[-3000:]
     assert "IsADirectoryError" in logs
     assert "stopping: no HTTP frontend can run" in logs
     _, alive = psutil.wait_procs(children, timeout=30)

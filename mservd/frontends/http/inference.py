@@ -1,100 +1,165 @@
-"""The inference API's routes besides predictions, as a bare WSGI callable, and the helpers
-that turn a prediction request into inputs.
+"""The inference port's routes, all on the worker's event loop.
 
-The HTTP server (``server.py``) answers ``/predictions`` and ``/explanations``
-itself, on its event loop, with :func:`parse_inputs`, :func:`forwarded_headers` and
-:func:`request_timeout_ms` from here: the raw body, or one input per form field, forwarded to
-the controller with the request's headers. The rest of the port — ``/ping``, KServe v1, the Open
-Inference Protocol v2, the OpenAPI document — is :class:`InferenceApp`, which the server runs on
-a thread with a blocking bridge.
+``/predictions`` and ``/explanations`` (TorchServe), ``/v1/models`` (KServe v1, ``kserve_v1.py``),
+``/v2`` (Open Inference Protocol v2, ``v2.py``), ``/ping`` and the OpenAPI document. Every
+prediction, whatever its protocol, passes :meth:`InferenceRoutes.forward`: the door (refused at
+once when its model is over its limit), the body (bounded by ``max_request_size``), the trip to
+the controller (dropped there if the client hangs up while it waits), and what its answer
+teaches the door. The frontend never decodes a payload: the worker does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
+import json
 import logging
-from typing import Any, Callable
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
 
-from mservd.errors import (
-    BadRequest,
-    MethodNotAllowed,
-    MservdError,
-    NoWorker,
-    RequestTooLarge,
-    ResourceNotFound,
-)
-from mservd.frontends.bridge import ControllerGone
-from mservd.frontends.http.responses import respond, respond_error, respond_json
+from mservd import protocol
+from mservd.errors import BadRequest, MethodNotAllowed, ResourceNotFound
+from mservd.frontends.async_bridge import AsyncBridge
+from mservd.frontends.bridge import Reply, bearer_token
+from mservd.frontends.http.app import JSON, Answer, HttpRequest
+from mservd.frontends.http.shedding import Door, Shedder
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("mservd.frontends.http")
 
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 _SKIPPED_HEADERS = frozenset({"authorization", "cookie"})
+RETRY_AFTER = [("Retry-After", "1")]
+CONTROL_TIMEOUT = 10.0  # seconds for ping and metadata questions to the controller
 
 
-class InferenceApp:
-    """``bridge`` is blocking: the HTTP server's ThreadBridge."""
-
-    def __init__(self, bridge: Any, max_request_size: int, reply_timeout: float,
-                 auth: bool) -> None:
+class InferenceRoutes:
+    def __init__(self, spec: dict[str, Any], bridge: AsyncBridge,
+                 loop: asyncio.AbstractEventLoop) -> None:
         self.bridge = bridge
-        self.max_request_size = max_request_size
-        self.reply_timeout = reply_timeout
-        self.auth = auth
+        self.auth = bool(spec["auth"])
+        self.max_request_size = int(spec["max_request_size"])
+        self.reply_timeout = float(spec["reply_timeout"])
+        self.door = Door(float(spec.get("max_queue_wait_ms", 0)) / 1000.0)
+        self.shedder = Shedder(float(spec.get("shed_delay_ms", 0)), loop,
+                               lambda seconds: self.door.tick(seconds, log))
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable) -> list[bytes]:
-        path = environ.get("PATH_INFO") or "/"
-        method = environ["REQUEST_METHOD"]
+    async def answer(self, request: HttpRequest, scope: dict[str, Any]) -> Answer:
+        path = request.path
+        if path.startswith(("/predictions/", "/explanations/")):
+            return await self.predict(request)
+        if path.startswith("/v1/models"):
+            from mservd.frontends.http import kserve_v1  # KServe's V1 protocol
+
+            return await kserve_v1.answer(self, request)
+        if path == "/v2" or path.startswith("/v2/"):
+            from mservd.frontends.http import v2  # Open Inference Protocol v2 (docs/v2.md)
+
+            return await v2.answer(self, request)
+        if path == "/ping":
+            need_method(request, "GET")
+            return relay(await self.ask("ping", {}, None))
+        if path in ("/", "/api-description"):  # OpenAPI 3; no token, as in TorchServe
+            from mservd.frontends.http.openapi import inference_api
+
+            need_method(request, "OPTIONS" if path == "/" else "GET")
+            return Answer(200, json.dumps(inference_api(), indent=2).encode())
+        raise ResourceNotFound(f"Requested resource is not found: {request.method} {path}. "
+                               "Try POST /predictions/{model_name}.")
+
+    def token(self, request: HttpRequest) -> str | None:
+        return bearer_token(request.headers.get("authorization")) if self.auth else None
+
+    async def ask(self, op: str, args: dict[str, Any], token: str | None) -> Reply:
+        """A question for the controller that is not a prediction (ping, metadata)."""
+        return await self.bridge.manage(op, args, token, CONTROL_TIMEOUT,
+                                        api=protocol.API_INFERENCE)
+
+    # -- predictions ---------------------------------------------------------------------
+
+    async def predict(self, request: HttpRequest) -> Answer:
+        """``POST /predictions/{model}[/{version}]`` and ``/explanations/...``."""
+        if request.method not in ("POST", "PUT"):
+            raise MethodNotAllowed(f"Method {request.method} is not allowed on {request.path}; "
+                                   "use POST.")
+        parts = request.path.split("/")
+        if len(parts) not in (3, 4) or not parts[2]:
+            raise ResourceNotFound(f"Requested resource is not found: {request.path}. "
+                                   "Use /predictions/{model_name}[/{version}].")
+        model = parts[2]
+        version = parts[3] if len(parts) == 4 and parts[3] else None
+        explain = parts[1] == "explanations"
+        headers = request.headers
+
+        def frames(rid: bytes, body: bytes) -> list[bytes]:
+            inputs, payloads = parse_inputs(headers.get("content-type", ""), body)
+            forwarded = forwarded_headers(headers)
+            if explain:
+                forwarded["explain"] = "True"
+            route = protocol.Route(rid, model, version, self.token(request),
+                                   protocol.API_INFERENCE,
+                                   request_timeout_ms(headers.get("x-request-timeout-ms")))
+            return protocol.predict_frames(route, protocol.pack_meta(inputs, forwarded, explain),
+                                           payloads)
+
+        return await self.forward(request, frames, stream=True)
+
+    async def forward(self, request: HttpRequest, frames: Callable[[bytes, bytes], list[bytes]],
+                      stream: bool = False, kserve: bool = False) -> Answer:
+        """One prediction of any protocol through the door to the controller and back.
+
+        ``frames(rid, body)`` builds its PREDICT message; the answer is relayed as it is
+        (``kserve``: errors rewritten to ``{"error": ...}``)."""
+        path = request.path
+        refusal = self.door.refusal(path)
+        if refusal is not None:
+            return Answer(503, refusal, JSON, RETRY_AFTER)
+        limit = self.door.let_in(path)
+        status, retry_after, body = 500, False, b""
         try:
-            if path.startswith("/v1/models"):
-                from mservd.frontends.http import kserve_v1  # KServe's V1 protocol
-
-                return kserve_v1.handle(self, environ, start_response, path)
-            if path == "/v2" or path.startswith("/v2/"):
-                from mservd.frontends.http import v2  # Open Inference Protocol v2 (docs/v2.md)
-
-                return v2.handle(self, environ, start_response, path)
-            if path == "/ping":
-                if method != "GET":
-                    raise MethodNotAllowed(f"Method {method} is not allowed on /ping; use GET.")
-                reply = self.bridge.manage("ping", {}, None, 10.0)
-                return respond(start_response, reply.status, reply.body, reply.content_type)
-            if path in ("/", "/api-description"):  # OpenAPI 3; no token, as in TorchServe
-                from mservd.frontends.http.openapi import inference_api
-
-                wanted = "OPTIONS" if path == "/" else "GET"
-                if method != wanted:
-                    raise MethodNotAllowed(f"Method {method} is not allowed on {path}; use "
-                                           f"{wanted}.")
-                return respond_json(start_response, 200, inference_api())
-            raise ResourceNotFound(f"Requested resource is not found: {method} {path}. "
-                                   "Try POST /predictions/{model_name}.")
-        except MservdError as exc:
-            return respond_error(start_response, exc)
-        except ControllerGone as exc:
-            return respond_error(start_response, NoWorker(str(exc)))
-
-    @staticmethod
-    def forwarded_headers(environ: dict[str, Any]) -> dict[str, str]:
-        return forwarded_headers(wsgi_headers(environ))
-
-    def read_body(self, environ: dict[str, Any]) -> bytes:
-        limit = self.max_request_size
-        length = environ.get("CONTENT_LENGTH")
-        stream = environ["wsgi.input"]
-        if length:
+            self.shedder.check()
+            payload = await request.body(self.max_request_size)
+            rid_text = str(uuid.uuid4())
+            rid = rid_text.encode()
+            message = frames(rid, payload)
+            request.on_hang_up(lambda: self.bridge.cancel(rid))
+            self.shedder.busy += 1
             try:
-                size = int(length)
-            except ValueError:
-                raise BadRequest(f"Invalid Content-Length {length!r}.") from None
-            if size > limit:
-                raise RequestTooLarge(f"Request body of {size} bytes exceeds max_request_size "
-                                      f"({limit}).")
-            return stream.read(size) if size else b""
-        data = stream.read(limit + 1)
-        if len(data) > limit:
-            raise RequestTooLarge(f"Request body exceeds max_request_size ({limit}).")
-        return data
+                reply = await self.bridge.call(rid, message, self.reply_timeout, stream=stream)
+            finally:
+                self.shedder.busy -= 1
+            status, body = reply.status, reply.body
+            retry_after = "Retry-After" in (reply.headers or {})
+        finally:
+            self.door.answered(path, limit, status, time.perf_counter() - request.started,
+                               retry_after, body)
+        answer = relay(reply, [("x-request-id", rid_text)], kserve=kserve)
+        answer.rid = rid_text
+        return answer
+
+
+def relay(reply: Reply, extra: list[tuple[str, str]] | None = None,
+          kserve: bool = False) -> Answer:
+    """The controller's or worker's answer as it is (``kserve``: errors as ``{"error": ...}``)."""
+    from mservd.errors import error_message
+    from mservd.v2.handling import HEADER_LENGTH
+
+    headers = list((reply.headers or {}).items()) + (extra or [])
+    if reply.status == 401:
+        headers.append(("WWW-Authenticate", "Bearer"))
+    if kserve and reply.status >= 400:
+        kept = [(k, v) for k, v in headers
+                if k.lower() not in ("content-type", "content-length", HEADER_LENGTH.lower())]
+        body = json.dumps({"error": error_message(reply.body)}).encode()
+        return Answer(reply.status, body, JSON, kept)
+    return Answer(reply.status, reply.body, reply.content_type, headers, reply.stream)
+
+
+def need_method(request: HttpRequest, wanted: str) -> None:
+    if request.method != wanted:
+        raise MethodNotAllowed(f"Method {request.method} is not allowed on {request.path}; "
+                               f"use {wanted}.")
 
 
 def parse_inputs(content_type: str, body: bytes) -> tuple[list[tuple[str, str]], list[bytes]]:
@@ -128,15 +193,6 @@ def forwarded_headers(headers: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in headers.items() if name not in _SKIPPED_HEADERS}
 
 
-def wsgi_headers(environ: dict[str, Any]) -> dict[str, str]:
-    """A WSGI environ's request headers, lower-case names, content-type included."""
-    headers = {key[5:].replace("_", "-").lower(): value for key, value in environ.items()
-               if key.startswith("HTTP_")}
-    if environ.get("CONTENT_TYPE"):
-        headers["content-type"] = environ["CONTENT_TYPE"]
-    return headers
-
-
 def request_timeout_ms(value: str | None) -> float | None:
     """The client's own queue deadline from ``X-Request-Timeout-Ms``, if it sent one."""
     if value is None:
@@ -149,6 +205,3 @@ def request_timeout_ms(value: str | None) -> float | None:
     if timeout < 0:
         raise BadRequest(f"Invalid X-Request-Timeout-Ms {value!r}: it must not be negative.")
     return timeout
-
-
-__all__ = ["InferenceApp", "respond_json"]

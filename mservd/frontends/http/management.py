@@ -27,7 +27,7 @@ def create_management_app(bridge: Any, timeout: float, auth: bool) -> Flask:
     app = Flask("mservd.management")
 
     def call(op: str, args: dict[str, Any]) -> Response:
-        token = bearer_token(request.environ) if auth else None
+        token = bearer_token(request.headers.get("Authorization")) if auth else None
         reply = bridge.manage(op, args, token, timeout)
         headers = dict(reply.headers or {})
         if reply.status == 401:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import time
 from collections.abc import Callable
 
@@ -190,3 +191,88 @@ class ModelLimit:
         if self.latency > self.wait / SHARE:
             return max(FLOOR, min(self.limited, self.share()))
         return self.limited * (1.0 + seconds / RECOVER)
+
+
+# After the controller refuses a model's request as overloaded (503 with Retry-After), this
+# process refuses that model's requests itself for this long: under overload most refusals
+# then cost one parse here instead of a trip through the controller, which must keep up.
+REFUSAL_HOLD = 0.02  # seconds
+MAX_KEPT_BODIES = 256  # refusal bodies kept per process, by (path, limit)
+
+
+def is_kserve_prediction(path: str) -> bool:
+    """KServe v1 ``:predict``/``:explain`` and v2 ``/infer``: let in or refused at the door
+    like ``/predictions``, and refused in KServe's ``{"error": ...}`` shape."""
+    return path.startswith(("/v1/models/", "/v2/models/")) and path.endswith(
+        (":predict", ":explain", "/infer"))
+
+
+class Door:
+    """One frontend process's door for predictions, by request path: each model's
+    :class:`ModelLimit`, and the refusals the controller asked it to hold for a moment.
+
+    A prediction asks :meth:`refusal` first (a body means answer 503 with it, at once), then
+    :meth:`let_in` (counted against its model's limit until :meth:`answered`)."""
+
+    def __init__(self, queue_wait: float) -> None:
+        self.queue_wait = queue_wait  # seconds: max_queue_wait_ms
+        self.limits: dict[str, ModelLimit] = {}  # by path, once its model has answered
+        self.holding: dict[str, tuple[float, bytes]] = {}  # path -> (until, refusal body)
+        self._bodies: dict[tuple[str, int], bytes] = {}
+
+    def refusal(self, path: str) -> bytes | None:
+        """The body of the 503 that refuses this prediction now, or None to let it in."""
+        limit = self.limits.get(path)
+        if limit is not None and limit.full():
+            limit.refused += 1
+            return self._refusal_body(path, int(limit.allowed))
+        held = self.holding.get(path)
+        if held is not None:
+            if time.monotonic() < held[0]:
+                return held[1]
+            del self.holding[path]
+        return None
+
+    def let_in(self, path: str) -> ModelLimit | None:
+        limit = self.limits.get(path)
+        if limit is not None:
+            limit.busy += 1
+        return limit
+
+    def answered(self, path: str, limit: ModelLimit | None, status: int, seconds: float,
+                 retry_after: bool, body: bytes) -> None:
+        """A prediction let in is answered: it tells its model's limit how quickly it
+        answers; a refusal by the controller (503 with Retry-After) is held here a moment."""
+        if limit is not None:
+            limit.busy -= 1
+        if status < 300 and self.queue_wait:
+            if limit is None:  # known once it answers: a client's typo makes no entry
+                limit = self.limits.setdefault(path, ModelLimit(self.queue_wait))
+            limit.answered(seconds)
+        elif status == 503 and retry_after:
+            self.holding[path] = (time.monotonic() + REFUSAL_HOLD, body)
+
+    def tick(self, seconds: float, log) -> None:
+        for path, limit in self.limits.items():
+            was = limit.limited
+            limit.tick(seconds)
+            if (was == INFINITE) != (limit.limited == INFINITE):
+                if was == INFINITE:
+                    log.info("%s limited to %d in flight from this frontend: more arrive than "
+                             "it answers within max_queue_wait_ms", path, limit.limited)
+                else:
+                    log.info("%s no longer limited", path)
+
+    def _refusal_body(self, path: str, limit: int) -> bytes:
+        body = self._bodies.get((path, limit))
+        if body is None:
+            if len(self._bodies) > MAX_KEPT_BODIES:
+                self._bodies.clear()
+            refused = Overloaded(
+                f"Requested model is overloaded: {limit} of its predictions are in flight from "
+                "this frontend, as many as it answers in time at its pace (max_queue_wait_ms is "
+                f"{self.queue_wait * 1000:.0f} ms); retry later.")
+            body = self._bodies[(path, limit)] = (
+                json.dumps({"error": refused.message}).encode()  # KServe's error shape
+                if is_kserve_prediction(path) else refused.to_body())
+        return body

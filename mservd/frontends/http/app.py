@@ -1,0 +1,350 @@
+"""The HTTP frontends' ASGI application: what gunicorn's ASGI workers serve on every HTTP port.
+
+gunicorn owns the sockets and the HTTP/1.1 wire (its C parser, limits, keep-alive, timeouts,
+pipelining); this app owns what a request means. One request, socket to answer: gunicorn parses
+it and calls :meth:`FrontendApp.__call__`, which picks the API by the port it came in on —
+
+- inference: :class:`~mservd.frontends.http.inference.InferenceRoutes`, on this event loop
+  (predictions go to the controller over :class:`~mservd.frontends.async_bridge.AsyncBridge`);
+- management: the Flask app of ``management.py``, on a thread pool (a register call may wait
+  minutes for a model to load), calling the same bridge through :class:`BlockingBridge`;
+- metrics: ``metrics.py``'s one route —
+
+then sends the :class:`Answer` and writes one access-log line. The app keeps no state beyond a
+request but the door's per-model counters (``shedding.py``) and its line to the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+from mservd import protocol
+from mservd.errors import MservdError, NoWorker
+from mservd.frontends.async_bridge import AsyncBridge
+from mservd.frontends.bridge import ClientGone, ControllerGone, Reply
+from mservd.frontends.http.access_log import AccessLog
+
+log = logging.getLogger("mservd.frontends.http")
+
+ACCESS_FLUSH = 0.1  # seconds between writes of the access log's buffered lines
+MANAGEMENT_THREADS = 32  # management calls in progress at once per process (each may wait)
+JSON = "application/json"
+
+
+@dataclass(slots=True)
+class Answer:
+    """What a route answers. A streamed answer has ``stream``: the bodies after ``body``."""
+
+    status: int
+    body: bytes
+    content_type: str = JSON
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    stream: AsyncIterator[bytes] | None = None
+    rid: str = "-"  # the request id, for the access log
+
+
+class HttpRequest:
+    """One request as the routes see it: method, path, query, lower-case headers, client."""
+
+    __slots__ = (
+        "client",
+        "headers",
+        "method",
+        "path",
+        "query",
+        "receive",
+        "started",
+        "version",
+        "connection",
+    )
+
+    def __init__(self, scope: dict[str, Any], receive: Callable) -> None:
+        self.started = time.perf_counter()
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.query: str = scope["query_string"].decode("latin-1")
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            key, text = name.decode("latin-1"), value.decode("latin-1")
+            previous = headers.get(key)
+            headers[key] = text if previous is None else f"{previous}, {text}"
+        self.headers = headers
+        client = scope.get("client")
+        self.client: str = client[0] if client else "-"
+        self.version: str = scope.get("http_version", "1.1")
+        self.receive = receive
+        self.connection = scope.get("mservd.connection")  # arbiter.FrontendProtocol
+
+    @property
+    def target(self) -> str:
+        return f"{self.path}?{self.query}" if self.query else self.path
+
+    async def body(self, limit: int) -> bytes:
+        """The whole body, refused (413) past ``limit`` bytes before more of it is read."""
+        from mservd.errors import BadRequest, RequestTooLarge
+
+        length = self.headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                raise BadRequest(f"Invalid Content-Length {length!r}.")
+            if int(length) > limit:
+                raise RequestTooLarge(f"Request body of {length} bytes exceeds "
+                                      f"max_request_size ({limit}).")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise RequestTooLarge(f"Request body exceeds max_request_size ({limit}).")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def on_hang_up(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` if the client hangs up before its answer is sent (None: no more)."""
+        if self.connection is not None:
+            self.connection.on_lost = callback
+
+
+class BlockingBridge:
+    """The controller's line as the management app's threads see it: calls that block."""
+
+    def __init__(self, bridge: AsyncBridge, loop: asyncio.AbstractEventLoop) -> None:
+        self.bridge = bridge
+        self.loop = loop
+
+    def manage(self, op: str, args: dict[str, Any], token: str | None, timeout: float,
+               api: str = protocol.API_MANAGEMENT) -> Reply:
+        future = asyncio.run_coroutine_threadsafe(
+            self.bridge.manage(op, args, token, timeout, api), self.loop)
+        try:
+            return future.result(timeout + 5)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise ControllerGone(f"No answer from the controller within {timeout:.0f} s.") \
+                from None
+
+
+def kserve_shaped(path: str) -> bool:
+    """KServe's routes answer errors as ``{"error": ...}``; TorchServe's as code/type/message."""
+    return path == "/v2" or path.startswith(("/v1/", "/v2/"))
+
+
+def error_answer(path: str, exc: MservdError) -> Answer:
+    headers = list(exc.headers.items())
+    if exc.http_status == 401:
+        headers.append(("WWW-Authenticate", "Bearer"))
+    body = (json.dumps({"error": exc.message}).encode() if kserve_shaped(path)
+            else exc.to_body())
+    return Answer(exc.http_status, body, JSON, headers)
+
+
+class FrontendApp:
+    """The ASGI app; ``spec`` is what the daemon wrote for the HTTP frontends (``arbiter.py``).
+
+    Built in gunicorn's arbiter before it forks (so the workers share its imported pages); all
+    that holds a file, a socket or a loop is made at ``lifespan.startup``, in each worker."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.apis = {int(port): api for api, port in spec["ports"].items()}
+        self.reply_timeout = float(spec["reply_timeout"])
+        self.bridge: AsyncBridge | None = None
+        self.access: AccessLog | None = None
+        self.routes: dict[str, Callable] = {}
+        self.threads: concurrent.futures.ThreadPoolExecutor | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self.http(scope, receive, send)
+        elif kind == "lifespan":
+            await self.lifespan(receive, send)
+        # websockets are not served: gunicorn closes the connection when the app returns
+
+    # -- one request ---------------------------------------------------------------------
+
+    async def http(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        request = HttpRequest(scope, receive)
+        api = self.apis.get(scope["server"][1] if scope.get("server") else 0, "inference")
+        try:
+            answer = await self.routes[api](request, scope)
+        except MservdError as exc:
+            answer = error_answer(request.path, exc)
+        except ControllerGone as exc:
+            answer = error_answer(request.path, NoWorker(str(exc)))
+        except ClientGone:
+            answer = Answer(499, b"")  # nobody to answer
+        except Exception:  # a bug must cost one answer, never the worker
+            log.exception("%s request %s %s failed", api, request.method, request.path)
+            answer = error_answer(request.path,
+                                  MservdError("Internal error; see frontend.log."))
+        try:
+            if answer.status != 499:
+                await self.send(send, answer)
+        finally:
+            request.on_hang_up(None)
+            if self.access is not None:  # None once the worker has stopped
+                self.access.write(request.client, request.method, request.target,
+                                  request.version, answer.status, request.started, answer.rid)
+
+    @staticmethod
+    async def send(send: Callable, answer: Answer) -> None:
+        headers = [(b"content-type", answer.content_type.encode("latin-1"))]
+        headers += [(k.encode("latin-1"), str(v).encode("latin-1")) for k, v in answer.headers]
+        if answer.stream is None:
+            headers.append((b"content-length", str(len(answer.body)).encode()))
+            await send({"type": "http.response.start", "status": answer.status,
+                        "headers": headers})
+            await send({"type": "http.response.body", "body": answer.body})
+            return
+        # streamed, as TorchServe sends it: one HTTP chunk per intermediate answer, final last
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        if answer.body:
+            await send({"type": "http.response.body", "body": answer.body, "more_body": True})
+        async for body in answer.stream:
+            if body:  # an empty chunk would end the body early
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    # -- a worker's start and stop -------------------------------------------------------
+
+    async def lifespan(self, receive: Callable, send: Callable) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    self.start()
+                except Exception as exc:
+                    log.exception("the HTTP frontend cannot start")
+                    await send({"type": "lifespan.startup.failed",
+                                "message": f"{type(exc).__name__}: {exc}"})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def start(self) -> None:
+        from mservd.frontends.http import inference, management, metrics
+
+        spec = self.spec
+        loop = asyncio.get_running_loop()
+        self.access = AccessLog(spec.get("accesslog"), spec.get("log_format", "plain"))
+        self.bridge = AsyncBridge(spec["controller"])
+        blocking = BlockingBridge(self.bridge, loop)
+        self.threads = concurrent.futures.ThreadPoolExecutor(
+            MANAGEMENT_THREADS, thread_name_prefix="http-management")
+        flask_app = management.create_management_app(blocking, self.reply_timeout,
+                                                      bool(spec["auth"]))
+        self.routes = {
+            "inference": inference.InferenceRoutes(spec, self.bridge, loop).answer,
+            "management": WsgiRoutes(flask_app, self.threads, spec["ports"]["management"]).answer,
+            "metrics": metrics.MetricsRoutes(self.bridge).answer,
+        }
+        loop.call_later(ACCESS_FLUSH, self.flush_access_log)
+        ready_fd = spec.get("ready_fd")
+        if ready_fd is not None:  # the daemon counts the workers that serve
+            try:
+                os.write(ready_fd, b"1")
+            except OSError:
+                pass  # the daemon stopped listening: it has what it needs
+
+    def flush_access_log(self) -> None:
+        if self.access is not None:
+            self.access.flush()
+            asyncio.get_running_loop().call_later(ACCESS_FLUSH, self.flush_access_log)
+
+    def stop(self) -> None:
+        if self.access is not None:
+            self.access.close()
+            self.access = None
+        if self.threads is not None:
+            self.threads.shutdown(wait=False, cancel_futures=True)
+        if self.bridge is not None:
+            self.bridge.close()
+
+
+class WsgiRoutes:
+    """A WSGI app (the Flask management API) run on a thread pool, one request at a time per
+    thread, its body read here first (bounded by gunicorn's limits and max_request_size)."""
+
+    def __init__(self, app: Any, threads: concurrent.futures.Executor, port: int,
+                 max_body: int = 1 << 20) -> None:
+        self.app = app
+        self.threads = threads
+        self.port = str(port)
+        self.max_body = max_body
+
+    async def answer(self, request: HttpRequest, scope: dict[str, Any]) -> Answer:
+        import io
+        import sys
+
+        body = await request.body(self.max_body)
+        raw_path = scope.get("raw_path") or request.path.encode("utf-8", "surrogateescape")
+        environ = {
+            "REQUEST_METHOD": request.method,
+            "SCRIPT_NAME": "",
+            # WSGI's path is the URL's bytes, percent-decoded, as latin-1 (PEP 3333)
+            "PATH_INFO": unquote_to_bytes(raw_path.split(b"?", 1)[0]).decode("latin-1"),
+            "QUERY_STRING": request.query,
+            "SERVER_NAME": "127.0.0.1",
+            "SERVER_PORT": self.port,
+            "SERVER_PROTOCOL": f"HTTP/{request.version}",
+            "REMOTE_ADDR": request.client,
+            "CONTENT_LENGTH": str(len(body)),
+            "wsgi.input": io.BytesIO(body),
+            "wsgi.errors": sys.stderr,
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "http",
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": True,
+            "wsgi.run_once": False,
+        }
+        for name, value in request.headers.items():
+            if name == "content-type":
+                environ["CONTENT_TYPE"] = value
+            elif name != "content-length":
+                environ["HTTP_" + name.upper().replace("-", "_")] = value
+        loop = asyncio.get_running_loop()
+        status, headers, out = await loop.run_in_executor(self.threads, _call_wsgi, self.app,
+                                                          environ)
+        content_type = JSON
+        kept = []
+        for name, value in headers:
+            lower = name.lower()
+            if lower == "content-type":
+                content_type = value
+            elif lower != "content-length":
+                kept.append((name, value))
+        return Answer(status, out, content_type, kept)
+
+
+def _call_wsgi(app: Any, environ: dict[str, Any]) -> tuple[int, list, bytes]:
+    captured: dict[str, Any] = {}
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info=None) -> None:
+        captured["status"] = int(status.split(" ", 1)[0])
+        captured["headers"] = headers
+
+    chunks = app(environ, start_response)
+    try:
+        body = b"".join(chunks)
+    finally:
+        if hasattr(chunks, "close"):
+            chunks.close()
+    return captured["status"], captured["headers"], body

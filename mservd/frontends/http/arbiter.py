@@ -1,0 +1,256 @@
+"""The HTTP frontends under gunicorn's arbiter: its ASGI workers serve ``app.FrontendApp``.
+
+The daemon holds the three HTTP ports (bound, never listening) and starts
+``python -m mservd.frontends.http.arbiter SPEC_JSON``. gunicorn's arbiter forks
+``frontend_workers`` ASGI workers (asyncio on uvloop, gunicorn-h1c's C HTTP parser), watches
+them, replaces one that dies, and on SIGTERM lets them finish what they hold within
+``graceful_timeout``. Each worker opens its own listeners on the ports (gunicorn's
+``reuse_port``): the kernel deals connections out evenly, and a worker that dies takes its
+listeners out of the group. Each worker writes a byte to a pipe once it serves: the daemon's
+sign that the HTTP API is up, and after that its count of workers started again.
+
+gunicorn parses and bounds the request line and each header as bytes arrive (414, 431),
+closes a connection silent for ``frontend_keepalive`` between requests, discards chunked
+trailers, answers pipelined requests in order, and replaces a worker whose loop stops for
+``frontend_timeout``. :class:`FrontendProtocol` adds what its ASGI worker lacks: a bound on a
+request's whole head as it arrives (431 past ``limit_request_header_bytes``), a deadline for a
+connection's first request head, a deadline for a client that stops reading, a cap on
+connections per worker counted per port, idle connections closed at once on a stop, and its
+refusals in mservd's JSON error shape. It reaches into gunicorn's connection class, so the
+version is pinned below 28 (``tests/unit/test_http_arbiter.py`` checks what it relies on).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from gunicorn import glogging
+from gunicorn.app.base import BaseApplication
+from gunicorn.asgi.protocol import ASGIProtocol
+from gunicorn.errors import HaltServer
+from gunicorn.workers.gasgi import ASGIWorker
+
+from mservd.errors import error_body
+from mservd.lifeline import die_with_parent
+from mservd.log_format import formatter, log_to_stderr
+
+log = logging.getLogger("mservd.frontends.http")
+
+LOG_FORMAT = "plain"  # set by main(): gunicorn's own lines in mservd's format
+ERROR_TYPES = {400: "BadRequestException", 408: "RequestTimeout", 414: "URITooLong",
+               431: "RequestHeaderFieldsTooLarge", 501: "NotImplemented"}
+
+
+class FrontendProtocol(ASGIProtocol):
+    """gunicorn's HTTP/1.1 connection with mservd's limits (see the module)."""
+
+    def connection_made(self, transport: Any) -> None:
+        worker: FrontendWorker = self.worker
+        sockname = transport.get_extra_info("sockname")
+        self._inference = bool(sockname) and sockname[1] == worker.inference_port
+        self._counted = False
+        self._deadline = None
+        self._in_head, self._head_bytes = True, 0  # reading a request's head, and its size
+        self.on_lost: Callable[[], None] | None = None  # set by the app while it waits
+        if worker.connections[self._inference] >= worker.max_connections:
+            peer = transport.get_extra_info("peername") or ("-",)
+            log.warning("refused a connection from %s: %d open on the %s port "
+                        "(frontend_connections)", peer[0], worker.max_connections,
+                        "inference" if self._inference else "management or metrics")
+            transport.abort()
+            return
+        self._counted = True
+        worker.connections[self._inference] += 1
+        worker.open.add(self)
+        super().connection_made(transport)
+        self._deadline = worker.loop.call_later(worker.header_timeout, self._too_slow,
+                                                "headers", worker.header_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._counted:
+            return
+        self._counted = False
+        if self.on_lost is not None:  # a request waits for its answer: it is not wanted now
+            self.on_lost()
+            self.on_lost = None
+        self.worker.connections[self._inference] -= 1
+        self.worker.open.discard(self)
+        self._cancel_deadline()
+        super().connection_lost(exc)
+
+    def _build_http_scope(self, request, sockname, peername):
+        """gunicorn's scope, and this connection in it: the app hears of a hang-up through
+        :attr:`on_lost` (cheaper than a task per request awaiting ``http.disconnect``)."""
+        scope = super()._build_http_scope(request, sockname, peername)
+        scope["mservd.connection"] = self
+        return scope
+
+    def data_received(self, data: bytes) -> None:
+        """gunicorn bounds each header line as it arrives; this bounds them all together."""
+        in_head = self._in_head
+        super().data_received(data)
+        if in_head and self._in_head and not self._closed:  # only head bytes in it
+            self._head_bytes += len(data)
+            limit = self.worker.max_header_bytes
+            if self._head_bytes > limit:
+                self._send_error_response(431, f"The request headers exceed {limit} bytes")
+                self.close_now()
+
+    def _on_headers_complete(self):  # gunicorn's parser callbacks
+        self._in_head = False
+        self._cancel_deadline()  # later heads are bounded by gunicorn's keepalive timer
+        return super()._on_headers_complete()
+
+    def _on_message_complete(self):
+        self._in_head, self._head_bytes = True, 0
+        return super()._on_message_complete()
+
+    def pause_writing(self) -> None:
+        """The client stopped reading: it has ``write_timeout`` to start again."""
+        super().pause_writing()
+        worker: FrontendWorker = self.worker
+        self._cancel_deadline()
+        self._deadline = worker.loop.call_later(worker.write_timeout, self._too_slow,
+                                                "reading", worker.write_timeout)
+
+    def resume_writing(self) -> None:
+        self._cancel_deadline()
+        super().resume_writing()
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self, what: str, seconds: float) -> None:
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        log.warning("closed the connection of %s: its %s took longer than %.0f s",
+                    peer[0] if peer else "-", what, seconds)
+        if what == "headers":
+            self._send_error_response(408, f"The request's headers did not arrive within "
+                                           f"{seconds:.0f} s")
+            self.close_now()
+        else:  # a close would wait for the client to read what is buffered for it
+            self._closed = True
+            self.transport.abort()
+
+    def close_now(self) -> None:
+        self._close_transport()
+        self._request_ready.set()  # wakes gunicorn's connection loop to see it closed
+
+    def idle(self) -> bool:
+        """Between requests: no request read or being answered."""
+        return bool(self._awaiting_request) and not self._request_ready.is_set()
+
+    def _send_error_response(self, status: int, message: str, extra_headers=()) -> None:
+        """gunicorn's refusal of a request it cannot parse, in mservd's JSON error shape."""
+        text = (message or "Malformed HTTP request").rstrip(".") + "."
+        body = error_body(status, ERROR_TYPES.get(status, "BadRequestException"), text)
+        head = [f"HTTP/1.1 {status} {self._get_reason_phrase(status)}",
+                "Content-Type: application/json", f"Content-Length: {len(body)}",
+                *(f"{name}: {value}" for name, value in extra_headers), "Connection: close"]
+        self._safe_write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+
+
+class FrontendWorker(ASGIWorker):
+    """gunicorn's ASGI worker, making its connections :class:`FrontendProtocol`s."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        spec = self.app.spec
+        self.inference_port = int(spec["ports"]["inference"])
+        self.max_connections = int(spec["connections"])
+        self.header_timeout = float(spec["header_timeout"])
+        self.write_timeout = float(spec["write_timeout"])
+        self.max_header_bytes = int(spec["max_header_bytes"])
+        self.connections = {True: 0, False: 0}  # open now: inference port, the others
+        self.open: set[FrontendProtocol] = set()
+
+    def _setup_event_loop(self) -> None:
+        super()._setup_event_loop()
+        # gunicorn records whether its C parser is there on the class it asks, and reads it
+        # back from ASGIProtocol: asked from our subclass, it would refuse the parser
+        ASGIProtocol._check_h1c_protocol_available()
+        create_server = self.loop.create_server
+
+        def our_server(factory: Any, **kwargs: Any) -> Any:
+            # gunicorn's worker listens again with asyncio's default backlog of 100
+            kwargs["backlog"] = self.cfg.backlog
+            return create_server(lambda: FrontendProtocol(self), **kwargs)
+
+        self.loop.create_server = our_server  # type: ignore[method-assign]
+
+    async def _shutdown(self) -> None:
+        """A stop: connections waiting for a next request are closed at once (gunicorn would
+        wait out graceful_timeout for them); those mid-request are answered first."""
+        for conn in [c for c in self.open if c.idle()]:
+            conn.close_now()
+        await super()._shutdown()
+
+
+class FrontendLogger(glogging.Logger):
+    """gunicorn's own log lines (worker starts, exits, timeouts) in mservd's log format."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for handler in self.error_log.handlers:
+            handler.setFormatter(formatter(LOG_FORMAT))
+
+
+class FrontendServer(BaseApplication):
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        super().__init__()
+
+    def load_config(self) -> None:
+        spec = self.spec
+        settings = {
+            "bind": spec["binds"],
+            "reuse_port": True,  # each worker its own listeners: see the module
+            "workers": spec["workers"],
+            "worker_class": "mservd.frontends.http.arbiter.FrontendWorker",
+            "asgi_loop": "uvloop",
+            "http_parser": "fast",  # gunicorn-h1c, a dependency
+            "asgi_lifespan": "on",  # a worker whose app cannot start fails the start
+            "preload_app": True,  # imported once in the arbiter: the workers share its pages
+            "logger_class": FrontendLogger,
+            "loglevel": spec["log_level"].lower(),
+            "errorlog": "-",  # stderr: the daemon points it at frontend.log
+            "accesslog": None,  # the app writes TorchServe's access log itself
+            "control_socket_disable": True,
+            "proc_name": "mservd-http",
+            **spec["gunicorn"],  # limits and timeouts from config.properties
+        }
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        from mservd.frontends.http.app import FrontendApp
+
+        return FrontendApp(self.spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    global LOG_FORMAT
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(argv[0])
+    die_with_parent(signal.SIGTERM)  # a killed daemon takes the arbiter, and so its workers
+    LOG_FORMAT = spec.get("log_format", "plain")
+    log_to_stderr(spec["log_level"], LOG_FORMAT)
+    log.info("HTTP frontends: gunicorn's arbiter, %d ASGI workers, ports %s",
+             spec["workers"], spec["ports"])
+    try:
+        FrontendServer(spec).run()  # the workers too leave through here (SystemExit)
+    except HaltServer as exc:  # raised again while it stops when two workers fail to boot
+        log.error("gunicorn's arbiter stopped: %s", exc.reason)
+        return exc.exit_status
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

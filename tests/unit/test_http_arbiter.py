@@ -1,0 +1,50 @@
+"""What ``frontends/http/arbiter.py`` relies on inside gunicorn: it extends gunicorn's ASGI
+connection and worker, so a gunicorn that renamed these would break the frontend quietly."""
+
+from __future__ import annotations
+
+import inspect
+
+from gunicorn.asgi.protocol import ASGIProtocol
+from gunicorn.workers.gasgi import ASGIWorker
+
+from mservd.frontends.http.arbiter import FrontendProtocol, FrontendWorker
+
+
+def test_gunicorn_connection_has_the_methods_frontend_protocol_extends() -> None:
+    for name in ("connection_made", "connection_lost", "data_received", "pause_writing",
+                 "resume_writing", "_on_headers_complete", "_on_message_complete",
+                 "_send_error_response", "_get_reason_phrase", "_safe_write",
+                 "_close_transport", "_check_h1c_protocol_available"):
+        assert callable(getattr(ASGIProtocol, name)), name
+        if name in vars(FrontendProtocol):
+            ours = inspect.signature(getattr(FrontendProtocol, name)).parameters
+            theirs = inspect.signature(getattr(ASGIProtocol, name)).parameters
+            assert list(ours) == list(theirs), name
+
+
+def test_gunicorn_connection_keeps_the_state_frontend_protocol_reads() -> None:
+    source = inspect.getsource(ASGIProtocol)
+    for attribute in ("self._awaiting_request", "self._request_ready", "self._closed",
+                      "'on_headers_complete': self._on_headers_complete",
+                      "'on_message_complete': self._on_message_complete"):
+        assert attribute in source, attribute
+
+
+def test_gunicorn_worker_makes_its_servers_through_the_loop_we_wrap() -> None:
+    assert "self.loop.create_server(" in inspect.getsource(ASGIWorker._serve)
+    for name in ("_setup_event_loop", "_shutdown"):
+        assert callable(getattr(ASGIWorker, name))
+        assert name in vars(FrontendWorker)
+
+
+def test_error_responses_of_the_parser_are_mservd_json() -> None:
+    written: list[bytes] = []
+    conn = FrontendProtocol.__new__(FrontendProtocol)
+    conn._safe_write = written.append  # type: ignore[method-assign]
+    conn._send_error_response(431, "Request header fields too large")
+    head, body = written[0].split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 431 ")
+    assert b"Content-Type: application/json" in head
+    assert body == (b'{"code": 431, "type": "RequestHeaderFieldsTooLarge", '
+                    b'"message": "Request header fields too large."}')
