@@ -27,7 +27,7 @@ from mservd import kserve_v1, protocol
 from mservd.errors import error_body
 from mservd.lifeline import die_with_parent, parent_changed
 from mservd.log_format import formatter, log_to_stderr
-from mservd.payload import InputError, decode_input, encode_output
+from mservd.payload import InputError, decode_form, decode_input, encode_output, is_form
 from mservd.v2 import handling as v2
 from mservd.v2 import metadata as v2_metadata
 from mservd.v2.codec import V2Error
@@ -284,7 +284,11 @@ def _decode_request(req, context) -> tuple[list[dict[str, Any]] | None, list[Any
         return rows, [None] * len(rows), True
     row = {}
     for (name, input_type), payload in zip(req.inputs, req.payloads):
-        row[name] = decode_input(input_type, payload)
+        if is_form(input_type):  # one input per field, by field name
+            for field, field_type, data in decode_form(input_type, payload):
+                row[field] = decode_input(field_type, data)
+        else:
+            row[name] = decode_input(input_type, payload)
     return [row], [None], False
 
 

@@ -221,3 +221,20 @@ def test_a_malformed_request_pipelined_behind_a_good_one_is_answered_after_it(st
             data += chunk
     first, second = data.split(b"HTTP/1.1 ")[1:3]
     assert first.startswith(b"200") and second.startswith(b"400")
+
+
+def test_a_form_without_a_token_is_refused_unparsed_and_a_huge_one_with_it_is_400(daemon) -> None:
+    import requests
+
+    fields = b"&".join(b"f%d=v" % i for i in range(300_000))  # ~2.3 MB, 300k fields
+    url = daemon.url("inference", "/predictions/echo")
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    stranger = requests.post(url, data=fields, headers=form, timeout=30)
+    assert stranger.status_code == 401  # the controller checks the token; no one parsed it
+    answer = daemon.predict("echo", data=fields, headers=form)
+    assert answer.status_code == 400
+    assert "300000 fields; at most 1000 are read" in answer.json()["message"]
+    small = daemon.predict("echo", data=b"data=hello&other=1", headers=form)
+    assert small.status_code == 200
+    assert small.json()["echo"] == "hello"  # each field one input: echo answers "data"
+    assert daemon.predict("echo", json={"still": "serving"}).status_code == 200

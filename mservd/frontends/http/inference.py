@@ -11,7 +11,6 @@ teaches the door. The frontend never decodes a payload: the worker does.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import logging
 import time
@@ -28,7 +27,6 @@ from mservd.frontends.http.shedding import Door, Shedder
 
 log = logging.getLogger("mservd.frontends.http")
 
-FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 _SKIPPED_HEADERS = frozenset({"authorization", "cookie"})
 RETRY_AFTER = [("Retry-After", "1")]
 CONTROL_TIMEOUT = 10.0  # seconds for ping and metadata questions to the controller
@@ -93,7 +91,9 @@ class InferenceRoutes:
         headers = request.headers
 
         def frames(rid: bytes, body: bytes) -> list[bytes]:
-            inputs, payloads = parse_inputs(headers.get("content-type", ""), body)
+            # the body as it came, a form too: the worker splits a form into its fields, once
+            # the controller has checked the token
+            inputs = [("body", headers.get("content-type", ""))]
             forwarded = forwarded_headers(headers)
             if explain:
                 forwarded["explain"] = "True"
@@ -101,7 +101,7 @@ class InferenceRoutes:
                                    protocol.API_INFERENCE,
                                    request_timeout_ms(headers.get("x-request-timeout-ms")))
             return protocol.predict_frames(route, protocol.pack_meta(inputs, forwarded, explain),
-                                           payloads)
+                                           [body])
 
         return await self.forward(request, frames, stream=True)
 
@@ -160,32 +160,6 @@ def need_method(request: HttpRequest, wanted: str) -> None:
     if request.method != wanted:
         raise MethodNotAllowed(f"Method {request.method} is not allowed on {request.path}; "
                                f"use {wanted}.")
-
-
-def parse_inputs(content_type: str, body: bytes) -> tuple[list[tuple[str, str]], list[bytes]]:
-    """A prediction's inputs: the raw body, or one input per field of a form."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    if media not in FORM_TYPES:
-        return [("body", content_type)], [body]
-    from werkzeug.formparser import parse_form_data
-
-    env = {"wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body)),
-           "CONTENT_TYPE": content_type, "REQUEST_METHOD": "POST"}
-    try:
-        _, form, files = parse_form_data(env, silent=False)
-    except Exception as exc:  # werkzeug raises several types for malformed forms
-        raise BadRequest(f"Malformed {media} body: {exc}") from None
-    inputs: list[tuple[str, str]] = []
-    payloads: list[bytes] = []
-    for name, value in form.items(multi=True):
-        inputs.append((name, "text/plain; charset=utf-8"))
-        payloads.append(value.encode("utf-8"))
-    for name, storage in files.items(multi=True):
-        inputs.append((name, storage.content_type or "application/octet-stream"))
-        payloads.append(storage.read())
-    if not inputs:
-        raise BadRequest(f"The {media} body has no fields.")
-    return inputs, payloads
 
 
 def forwarded_headers(headers: dict[str, str]) -> dict[str, str]:
