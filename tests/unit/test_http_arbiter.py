@@ -26,6 +26,7 @@ def test_gunicorn_connection_has_the_methods_frontend_protocol_extends() -> None
 def test_gunicorn_connection_keeps_the_state_frontend_protocol_reads() -> None:
     source = inspect.getsource(ASGIProtocol)
     for attribute in ("self._awaiting_request", "self._request_ready", "self._closed",
+                      "self._body_receiver", "receiver._complete",
                       "'on_headers_complete': self._on_headers_complete",
                       "'on_message_complete': self._on_message_complete"):
         assert attribute in source, attribute

@@ -165,6 +165,7 @@ class FrontendApp:
         self.bridge: AsyncBridge | None = None
         self.access: AccessLog | None = None
         self.routes: dict[str, Callable] = {}
+        self.inference: Any = None  # the inference routes, whose door the connections ask
         self.threads: concurrent.futures.ThreadPoolExecutor | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
@@ -251,8 +252,9 @@ class FrontendApp:
             MANAGEMENT_THREADS, thread_name_prefix="http-management")
         flask_app = management.create_management_app(blocking, self.reply_timeout,
                                                       bool(spec["auth"]))
+        self.inference = inference.InferenceRoutes(spec, self.bridge, loop)
         self.routes = {
-            "inference": inference.InferenceRoutes(spec, self.bridge, loop).answer,
+            "inference": self.inference.answer,
             "management": WsgiRoutes(flask_app, self.threads, spec["ports"]["management"]).answer,
             "metrics": metrics.MetricsRoutes(self.bridge).answer,
         }

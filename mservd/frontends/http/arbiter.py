@@ -26,6 +26,7 @@ import json
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +83,27 @@ class FrontendProtocol(ASGIProtocol):
         self.worker.open.discard(self)
         self._cancel_deadline()
         super().connection_lost(exc)
+
+    async def _serve_http_request(self, request, sockname, peername):
+        """A prediction its model's door refuses is answered here, before gunicorn makes a
+        task, a scope and an ASGI call for it: under overload that is most requests, and what
+        a refusal costs is what the accepted ones wait for. The app checks the door too, for
+        the requests let in here."""
+        app = self.worker.asgi
+        refusal = (app.inference.door.refusal(request.path)
+                   if self._inference and app.inference is not None else None)
+        if refusal is None:
+            return await super()._serve_http_request(request, sockname, peername)
+        started = time.perf_counter()
+        # the body unread, gunicorn closes the connection after it: the client must know
+        receiver = self._body_receiver
+        keep_alive = not request.should_close() and (receiver is None or receiver._complete)
+        self._safe_write(self.worker.refusal_answer(refusal, keep_alive))
+        if app.access is not None:
+            target = f"{request.path}?{request.query}" if request.query else request.path
+            app.access.write(peername[0] if peername else "-", request.method, target,
+                             f"{request.version[0]}.{request.version[1]}", 503, started, "-")
+        return keep_alive  # gunicorn closes it all the same if the body was not all read
 
     def _build_http_scope(self, request, sockname, peername):
         """gunicorn's scope, and this connection in it: the app hears of a hang-up through
@@ -170,6 +192,21 @@ class FrontendWorker(ASGIWorker):
         self.max_header_bytes = int(spec["max_header_bytes"])
         self.connections = {True: 0, False: 0}  # open now: inference port, the others
         self.open: set[FrontendProtocol] = set()
+        self.refusals: dict[tuple[bytes, bool], bytes] = {}
+
+    def refusal_answer(self, body: bytes, keep_alive: bool) -> bytes:
+        """A door's refusal as a whole HTTP answer, rendered once per body and kept."""
+        answer = self.refusals.get((body, keep_alive))
+        if answer is None:
+            if len(self.refusals) > 256:
+                self.refusals.clear()
+            head = ["HTTP/1.1 503 Service Unavailable", "Content-Type: application/json",
+                    "Retry-After: 1", f"Content-Length: {len(body)}"]
+            if not keep_alive:
+                head.append("Connection: close")
+            answer = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+            self.refusals[(body, keep_alive)] = answer
+        return answer
 
     def _setup_event_loop(self) -> None:
         super()._setup_event_loop()
