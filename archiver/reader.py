@@ -191,9 +191,9 @@ def _entries(src: Path, limits: UnpackLimits) -> Iterator[list[_Entry]]:
                 f"Cannot read zip {str(src)!r}: {exc}. Rebuild the archive."
             ) from exc
         return
-    if tarfile.is_tarfile(src):
+    if _is_tar(src):
         try:
-            with tarfile.open(src, "r:*") as tf:
+            with tarfile.open(src, "r:*", tarinfo=_CappedTarInfo) as tf:
                 yield _strip_prefix(_tar_entries(tf, src, limits))
         except (tarfile.TarError, zlib.error, EOFError) as exc:
             raise ArchiveError(
@@ -204,6 +204,38 @@ def _entries(src: Path, limits: UnpackLimits) -> Iterator[list[_Entry]]:
         f"{str(src)!r} is not a model archive: expected a zip (.mar, .zip), a tar"
         " (.tar.gz, .tgz) or a directory."
     )
+
+
+MAX_EXTENDED_HEADER = 1 << 20  # bytes of one pax or GNU long-name header
+
+
+class _CappedTarInfo(tarfile.TarInfo):
+    """tarfile reads a pax or GNU long-name header's declared size into memory at once, before
+    any check of ours runs: a small .tar.gz can declare gigabytes. These headers are refused
+    past MAX_EXTENDED_HEADER instead."""
+
+    def _proc_pax(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        self._check_size("pax")
+        return super()._proc_pax(tarfile_)  # type: ignore[misc]
+
+    def _proc_gnulong(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        self._check_size("GNU long-name")
+        return super()._proc_gnulong(tarfile_)  # type: ignore[misc]
+
+    def _check_size(self, kind: str) -> None:
+        if self.size > MAX_EXTENDED_HEADER:
+            raise UnsafeArchiveError(
+                f"The tar archive has a {kind} header of {self.size} bytes (at most "
+                f"{MAX_EXTENDED_HEADER} are read). Rebuild the archive.")
+
+
+def _is_tar(src: Path) -> bool:
+    """tarfile.is_tarfile, with extended headers capped (see :class:`_CappedTarInfo`)."""
+    try:
+        with tarfile.open(src, "r:*", tarinfo=_CappedTarInfo):
+            return True
+    except tarfile.TarError:
+        return False
 
 
 def _safe_parts(name: str, src: Path) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ import hmac
 import json
 import os
 import secrets
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,11 +68,17 @@ class KeyStore:
             INFERENCE: {"key": self.keys[INFERENCE], "expiration time": stamp(self.expires[INFERENCE])},
             API: {"key": self.keys[API]},
         }
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(doc, handle, indent=2)
-        os.replace(tmp, self.path)
+        # a fresh file of our own (never a file or link left at a known name), private from
+        # its first byte, then renamed over the key file
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        try:
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                json.dump(doc, handle, indent=2)
+            os.replace(tmp, self.path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
 
 
 def read_key_file(path: Path) -> dict[str, str]:

@@ -503,6 +503,24 @@ class Settings:
             _at_least(1),
         ),
     )
+    max_workers_per_model: int = field(
+        default=32,
+        metadata=_meta(
+            "max_workers_per_model",
+            "Most workers one model version may have (min_worker, max_worker, "
+            "initial_workers, default_workers_per_model); 400 above.",
+            _at_least(1),
+        ),
+    )
+    max_workers_total: int = field(
+        default=128,
+        metadata=_meta(
+            "max_workers_total",
+            "Most workers all model versions may have together; a register or scale call "
+            "that would pass it is 400.",
+            _at_least(1),
+        ),
+    )
     frontend_keepalive: float = field(
         default=5.0,
         metadata=_meta(
@@ -1026,6 +1044,11 @@ def resolve_model_settings(
                 f"min_worker ({values['min_workers']}) "
                 f"(max from {origin['max_workers']}, min from {origin['min_workers']})"
             )
+    cap = settings.max_workers_per_model
+    for key in ("min_workers", "max_workers"):
+        if not problems and values[key] > cap:
+            problems.append(f"{key.replace('workers', 'worker')} ({values[key]}) is more than "
+                            f"max_workers_per_model ({cap}) (from {origin.get(key, 'defaults')})")
     if problems:
         raise ConfigError(
             problems, title=f"Invalid settings for model {model_name!r} version {version!r}"

@@ -57,6 +57,24 @@ class Pending:
         self.retried = False
 
 
+# The keys a controller verb may be called with, decided by the verb: the API a frontend says a
+# call came from only picks among them. Verbs not listed need the management key.
+VERB_KEYS: dict[str, tuple[str, ...]] = {
+    "ping": (), "metrics": (), "token": (),  # open; "token" checks the API key itself
+    "list": (INFERENCE, MANAGEMENT),  # GET /v1/models (inference) and GET /models
+    "v2_model_ready": (INFERENCE,), "v2_model_metadata": (INFERENCE,),
+}
+
+
+def key_for(op: str, api: str | None) -> str | None:
+    """The key a MANAGE call of ``op`` must carry (None: no key), whatever ``api`` claims."""
+    allowed = VERB_KEYS.get(op, (MANAGEMENT,))
+    if not allowed:
+        return None
+    claimed = INFERENCE if api == protocol.API_INFERENCE else MANAGEMENT
+    return claimed if claimed in allowed else allowed[0]
+
+
 class Controller:
     def __init__(self, settings: Settings, frontend_endpoint: str, backend_endpoint: str,
                  run_dir: Path, keys: KeyStore | None, gpu_count: int) -> None:
@@ -157,6 +175,9 @@ class Controller:
                 handle(frames, time.monotonic())
             except protocol.ProtocolError as exc:
                 log.error("dropped a malformed message from %r: %s", frames[0][:16], exc)
+            except Exception:  # a message that breaks its handler must not stop the loop
+                log.exception("dropped a message from %r that could not be handled",
+                              frames[0][:16] if frames else b"")
 
     def next_wakeup(self, now: float) -> float:
         soonest = now + (MAINTENANCE_INTERVAL if (self.tasks or self.waiters or self.stopping)
@@ -256,6 +277,9 @@ class Controller:
 
     def on_manage(self, fid: bytes, header: bytes) -> None:
         call = protocol.unpackb(header)
+        if not (isinstance(call, dict) and isinstance(call.get("id"), bytes)
+                and isinstance(call.get("op"), str)):
+            raise protocol.ProtocolError("a MANAGE header needs an id (bytes) and an op (str)")
         rid = call["id"]
 
         def respond(reply: Reply) -> None:
@@ -263,10 +287,10 @@ class Controller:
             self.front.send_multipart([fid, protocol.REPLY, rid, head, body])
 
         try:
-            if self.keys is not None and call["op"] not in ("ping", "token", "metrics"):
-                api = call.get("api", MANAGEMENT)
-                self.keys.check(INFERENCE if api == protocol.API_INFERENCE else MANAGEMENT,
-                                call.get("token"))
+            if self.keys is not None:
+                key = key_for(call["op"], call.get("api"))
+                if key is not None:
+                    self.keys.check(key, call.get("token"))
             result = self.management.call(call["op"], call.get("args") or {}, call.get("token"),
                                           respond)
         except MservdError as exc:

@@ -18,8 +18,14 @@ class V1Error(ValueError):
     """A V1 body that cannot be read; the request alone is answered 400."""
 
 
-def decode_rows(payload: bytes) -> list[dict[str, Any]]:
-    """One handler row per instance: ``{"body": instance, "data": instance}``."""
+MIN_INSTANCES_CAP = 64  # instances one request may carry: this many, or the batch size
+
+
+def decode_rows(payload: bytes, batch_size: int = 1) -> list[dict[str, Any]]:
+    """One handler row per instance: ``{"body": instance, "data": instance}``.
+
+    A request carries at most ``max(batch_size, MIN_INSTANCES_CAP)`` instances: each is a row
+    of the handler's batch, so one request must not make a batch of thousands."""
     try:
         doc = json.loads(payload)
     except RecursionError:
@@ -29,6 +35,11 @@ def decode_rows(payload: bytes) -> list[dict[str, Any]]:
     instances = doc.get("instances", doc.get("inputs")) if isinstance(doc, dict) else None
     if not isinstance(instances, list) or not instances:
         raise V1Error('The body must be {"instances": [...]} with at least one instance.')
+    cap = max(batch_size, MIN_INSTANCES_CAP)
+    if len(instances) > cap:
+        raise V1Error(f"The body has {len(instances)} instances; a request may carry at most "
+                      f"{cap} (the model's batch size, or {MIN_INSTANCES_CAP} if that is "
+                      "smaller). Split it into several requests.")
     return [{"body": instance, "data": instance} for instance in instances]
 
 

@@ -41,7 +41,33 @@ log = logging.getLogger(__name__)
 
 Respond = Callable[[Reply], None]
 
-DOWNLOAD_TIMEOUT = 60.0
+DOWNLOAD_READ_TIMEOUT = 10.0  # seconds one read of a download may wait
+DOWNLOAD_DEADLINE = 120.0  # seconds for a whole download
+
+
+def _removing_on_failure(respond: Respond, fetched: list[Path]) -> Respond:
+    """``respond``, removing the archives in ``fetched`` first if the answer is an error: a
+    download that does not register leaves nothing in the model store."""
+    def answer(reply: Reply) -> None:
+        if reply.status >= 400:
+            for path in fetched:
+                path.unlink(missing_ok=True)
+        respond(reply)
+    return answer
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect only to an http(s) URL that allowed_urls allows, as the first was."""
+
+    def __init__(self, check: Callable[[str], None]) -> None:
+        self.check = check
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001
+        if urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
+            raise BadRequest(f"URL {req.full_url!r} redirects to {newurl!r}: only http and "
+                             "https are followed.")
+        self.check(newurl)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 def _flag(value: Any, default: bool) -> bool:
@@ -100,6 +126,9 @@ class Management:
                                               "min_worker", "max_worker")}
         is_remote = urllib.parse.urlsplit(str(url)).scheme in ("http", "https")
         ctl = self.ctl
+        fetched: list[Path] = []  # what this call downloaded into the store
+        if is_remote:
+            respond = _removing_on_failure(respond, fetched)
 
         def after_fetch(path: Path) -> None:
             # reading a .tar.gz's manifest decompresses it: off the loop, like unpacking
@@ -138,6 +167,12 @@ class Management:
             except (ArchiveError, ConfigError, OSError) as exc:
                 shutil.rmtree(dest, ignore_errors=True)
                 respond(Reply.error(BadRequest(str(exc))))
+                return
+            try:
+                self.check_total_workers(settings.min_workers)
+            except BadRequest as exc:
+                shutil.rmtree(dest, ignore_errors=True)
+                respond(Reply.error(exc))
                 return
             doc = manifest.to_dict()
             if args.get("handler"):
@@ -183,7 +218,11 @@ class Management:
 
         if is_remote:
             self._check_allowed(str(url))
-            ctl.submit(self._download, lambda f: self._after(f, respond, after_fetch), str(url))
+            def downloaded(path: Path) -> None:
+                fetched.append(path)
+                after_fetch(path)
+
+            ctl.submit(self._download, lambda f: self._after(f, respond, downloaded), str(url))
             return None
         after_fetch(self._store_path(str(url)))
         return None
@@ -237,7 +276,9 @@ class Management:
                              "Add a pattern to allowed_urls in config.properties to allow it.")
 
     def _download(self, url: str) -> Path:
-        """Fetch an allowed URL into the model store, with a size cap and a timeout."""
+        """Fetch an allowed URL into the model store: http(s) only, every redirect checked
+        against allowed_urls, a size cap, and one deadline for the whole download (it holds
+        the controller's archive thread). Nothing is left in the store if it fails."""
         if self.store is None:
             raise BadRequest("No model store is configured to download into.")
         name = Path(urllib.parse.urlsplit(url).path).name
@@ -248,19 +289,37 @@ class Management:
             raise Conflict(f"Archive {name} already exists in the model store.")
         tmp = target.with_name(f".{name}.{uuid.uuid4().hex[:8]}.part")
         cap = self.settings.max_archive_bytes
-        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as answer, open(tmp, "wb") as out:
-            total = 0
-            while chunk := answer.read(1 << 20):
-                total += len(chunk)
-                if total > cap:
-                    out.close()
-                    tmp.unlink(missing_ok=True)
-                    raise BadRequest(f"Download of {url!r} passed max_archive_bytes ({cap}).")
-                out.write(chunk)
+        deadline = time.monotonic() + DOWNLOAD_DEADLINE
+        opener = urllib.request.build_opener(_CheckedRedirects(self._check_allowed))
+        try:
+            with opener.open(url, timeout=DOWNLOAD_READ_TIMEOUT) as answer, \
+                    open(tmp, "wb") as out:
+                total = 0
+                while chunk := answer.read1(1 << 20):
+                    total += len(chunk)
+                    if total > cap:
+                        raise BadRequest(f"Download of {url!r} passed max_archive_bytes ({cap}).")
+                    if time.monotonic() > deadline:
+                        raise BadRequest(f"Download of {url!r} took longer than "
+                                         f"{DOWNLOAD_DEADLINE:.0f} s.")
+                    out.write(chunk)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         tmp.replace(target)
         return target
 
     # -- scale, describe, list, unregister, default ---------------------------------------
+
+    def check_total_workers(self, wanted: int, besides: ModelVersion | None = None) -> None:
+        """400 unless ``wanted`` more workers (in place of ``besides``'s) fit in
+        max_workers_total: a call must not fork workers past what the machine was sized for."""
+        others = sum(mv.target_workers for mv in self.ctl.registry.all_versions()
+                     if mv is not besides)
+        cap = self.settings.max_workers_total
+        if others + wanted > cap:
+            raise BadRequest(f"{wanted} workers would make {others + wanted} in all, more than "
+                             f"max_workers_total ({cap}); {others} are taken by other models.")
 
     def op_scale(self, args: dict[str, Any], respond: Respond):
         mv = self.ctl.registry.get(args["model"], args.get("version"))
@@ -270,6 +329,11 @@ class Management:
             raise BadRequest("min_worker and max_worker must not be negative.")
         if max_worker < min_worker:
             raise BadRequest(f"max_worker ({max_worker}) must be >= min_worker ({min_worker}).")
+        cap = self.settings.max_workers_per_model
+        if max_worker > cap:
+            raise BadRequest(f"max_worker ({max_worker}) is more than max_workers_per_model "
+                             f"({cap}).")
+        self.check_total_workers(min_worker, besides=mv)
         synchronous = _flag(args.get("synchronous"), False)
         mv.target_workers = min_worker
         mv.max_workers = max_worker

@@ -277,7 +277,8 @@ def _decode_request(req, context) -> tuple[list[dict[str, Any]] | None, list[Any
         return [row], [call], False
     if content_type == kserve_v1.CONTENT_TYPE:
         try:
-            rows = kserve_v1.decode_rows(req.payloads[0])
+            rows = kserve_v1.decode_rows(req.payloads[0],
+                                         context.system_properties.get("batch_size") or 1)
         except kserve_v1.V1Error as exc:
             return None, [protocol.pack_reply(400, "application/json"),
                           kserve_v1.error_answer(str(exc))], True

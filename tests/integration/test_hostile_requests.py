@@ -238,3 +238,38 @@ def test_a_form_without_a_token_is_refused_unparsed_and_a_huge_one_with_it_is_40
     assert small.status_code == 200
     assert small.json()["echo"] == "hello"  # each field one input: echo answers "data"
     assert daemon.predict("echo", json={"still": "serving"}).status_code == 200
+
+
+def test_kserve_v1_request_with_more_instances_than_the_cap_is_400(daemon) -> None:
+    url = daemon.url("inference", "/v1/models/echo:predict")
+    headers = daemon._headers("inference", None)
+    flood = daemon.session.post(url, json={"instances": [{"n": i} for i in range(20_000)]},
+                                headers=headers, timeout=60)
+    assert flood.status_code == 400, flood.text
+    assert "20000 instances; a request may carry at most 64" in flood.json()["error"]
+    few = daemon.session.post(url, json={"instances": [{"n": 1}, {"n": 2}]}, headers=headers,
+                              timeout=60)
+    assert few.status_code == 200
+    assert [p["echo"] for p in few.json()["predictions"]] == [{"n": 1}, {"n": 2}]
+
+
+def test_worker_counts_are_capped_per_model_and_in_all(daemon_factory) -> None:
+    daemon = daemon_factory({"load_models": "echo.mar", "max_workers_per_model": 4,
+                             "max_workers_total": 3}, args=("--enable-model-api",))
+    too_many = daemon.manage("PUT", "/models/echo", params={"min_worker": 5})
+    assert too_many.status_code == 400
+    assert "max_workers_per_model (4)" in too_many.json()["message"]
+    past_total = daemon.manage("PUT", "/models/echo", params={"min_worker": 4, "max_worker": 4})
+    assert past_total.status_code == 400
+    assert "max_workers_total (3)" in past_total.json()["message"]
+    another = daemon.manage("POST", "/models", params={"url": "echo.mar", "model_name": "echo2",
+                                                       "initial_workers": 3})
+    assert another.status_code == 400, another.text
+    assert "max_workers_total (3)" in another.json()["message"]
+    huge = daemon.manage("POST", "/models", params={"url": "echo.mar", "model_name": "echo3",
+                                                    "initial_workers": 9})
+    assert huge.status_code == 400
+    assert "max_workers_per_model (4)" in huge.json()["message"]
+    assert len(daemon.describe("echo")[0]["workers"]) == 1  # nothing was forked for them
+    fits = daemon.manage("PUT", "/models/echo", params={"min_worker": 3, "synchronous": "true"})
+    assert fits.status_code == 200, fits.text

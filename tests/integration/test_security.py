@@ -35,7 +35,22 @@ MANIFEST = json.dumps({"runtime": "python", "model": {"modelName": "evil", "mode
                                                       "handler": "h.py"}})
 
 
+def _write_pax_bomb(path: Path) -> None:
+    """A 64 KB .tar.gz whose first header declares a 64 MB pax header (zeros, which compress
+    to nothing): tarfile would read all of it into memory before any check."""
+    import gzip
+
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type = tarfile.XHDTYPE
+    info.size = 64 << 20
+    with gzip.open(path, "wb") as gz:
+        gz.write(info.tobuf(format=tarfile.USTAR_FORMAT))
+        for _ in range(64):
+            gz.write(b"\0" * (1 << 20))
+
+
 def _write_hostile_archives(store: Path) -> None:
+    _write_pax_bomb(store / "paxbomb.tar.gz")
     with zipfile.ZipFile(store / "slip.mar", "w") as z:
         z.writestr("MAR-INF/MANIFEST.json", MANIFEST)
         z.writestr("../../escaped.txt", "pwned")
@@ -91,6 +106,7 @@ def test_key_file_is_private(daemon) -> None:
     ("slip.mar", "escape"),
     ("link.mar", "link"),
     ("tarlink.tar.gz", "link"),
+    ("paxbomb.tar.gz", "pax header of 67108864 bytes"),
     ("big.mar", "max"),
     ("/etc/passwd", "outside the model store"),
     ("../echo.mar", "'..' is not allowed"),
@@ -144,3 +160,117 @@ def test_random_bytes_at_every_route_never_give_a_5xx(daemon, route, body, conte
     assert answer.status_code < 500 or answer.status_code == 503, answer.text
     if answer.status_code >= 400:
         assert answer.json()["code"] == answer.status_code
+
+
+def test_key_file_is_private_whatever_was_left_beside_it(tmp_path, store) -> None:
+    import os
+
+    from conftest import Daemon
+
+    workdir = tmp_path / "d"
+    workdir.mkdir()
+    (workdir / "key_file.json.tmp").write_text("left by someone")
+    os.chmod(workdir / "key_file.json.tmp", 0o644)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("not a key file")
+    (workdir / ".key_file.json.link").symlink_to(elsewhere)
+    daemon = Daemon(workdir, store, {"load_models": ""})
+    daemon.start()
+    try:
+        key_file = Path(daemon.state["key_file"])
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        assert not key_file.is_symlink()
+        assert elsewhere.read_text() == "not a key file"
+        rotated = rotate(daemon, "inference")  # written again: still private
+        assert rotated.status_code == 200
+        assert key_file.stat().st_mode & 0o777 == 0o600
+    finally:
+        daemon.stop()
+
+
+def test_downloads_follow_only_allowed_redirects_and_leave_nothing_when_they_fail(
+        daemon_factory, tmp_path) -> None:
+    import http.server
+    import threading
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 -- http.server's name
+            if self.path == "/ok/to-internal.mar":  # allowed, but sends the client elsewhere
+                self.send_response(302)
+                self.send_header("Location", f"http://127.0.0.1:{port}/internal/secret.mar")
+                self.end_headers()
+            elif self.path == "/ok/to-file.mar":
+                self.send_response(302)
+                self.send_header("Location", "file:///etc/passwd")
+                self.end_headers()
+            elif self.path == "/ok/not-an-archive.mar":
+                body = b"this is not a model archive"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            else:
+                hits.append(self.path)
+                self.send_response(404)
+                self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    hits: list[str] = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    store = tmp_path / "download-store"
+    store.mkdir()
+    try:
+        daemon = daemon_factory({"model_store": str(store), "load_models": "",
+                                 "allowed_urls": rf"http://127\.0\.0\.1:{port}/ok/.*"},
+                                args=("--enable-model-api",))
+        for name, wording in [("to-internal.mar", "is not allowed"),
+                              ("to-file.mar", "not allowed"),
+                              ("not-an-archive.mar", "")]:
+            answer = daemon.manage("POST", "/models",
+                                   params={"url": f"http://127.0.0.1:{port}/ok/{name}"})
+            assert answer.status_code == 400, answer.text
+            assert wording in answer.json()["message"]
+        assert hits == []  # the internal address was never fetched
+        assert sorted(p.name for p in store.iterdir()) == []  # nothing left in the store
+    finally:
+        server.shutdown()
+
+
+def test_the_controller_picks_the_key_by_verb_and_drops_malformed_frames(daemon) -> None:
+    """A frontend's message cannot lend a verb a weaker key, and garbage on the controller's
+    socket is dropped: the daemon goes on answering."""
+    import json as _json
+
+    import psutil
+    import zmq
+
+    from mservd import protocol
+
+    grpc = next(p for p in psutil.Process(daemon.proc.pid).children()
+                if "mservd.frontends.grpc.server" in " ".join(p.cmdline()))
+    endpoint = _json.loads(grpc.cmdline()[-1])["controller"]
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        for garbage in ([protocol.MANAGE], [protocol.MANAGE, b"\xc1\xc1"],
+                        [protocol.MANAGE, protocol.packb({"op": 1})],
+                        [protocol.MANAGE, protocol.packb([1, 2, 3])], [b"nonsense", b"x"]):
+            sock.send_multipart(garbage)
+        claim = {"id": b"claim-1", "op": "unregister", "api": protocol.API_INFERENCE,
+                 "token": daemon.key("inference"), "args": {"model": "echo", "version": None}}
+        sock.send_multipart([protocol.MANAGE, protocol.packb(claim)])
+        assert sock.poll(10_000), "no answer from the controller"
+        frames = sock.recv_multipart()
+        assert frames[:2] == [protocol.REPLY, b"claim-1"]
+        assert protocol.unpack_reply(frames[2])[0] == 401  # unregister needs the management key
+    finally:
+        sock.close()
+        ctx.term()
+    assert daemon.predict("echo", json={"still": "here"}).status_code == 200
+    assert daemon.manage("GET", "/models/echo").status_code == 200
