@@ -247,7 +247,7 @@ class Mservd(System):
         cmd = " ".join(proc.cmdline())
         if self.proc is not None and proc.pid == self.proc.pid:
             return "controller"
-        if "gunicorn: master [mservd-http]" in cmd or "mservd.frontends.http" in cmd:
+        if "gunicorn: master [mservd-http]" in cmd or "mservd.frontends.http.arbiter" in cmd:
             return "http arbiter"
         if "gunicorn: worker [mservd-http]" in cmd:
             return "http frontend"

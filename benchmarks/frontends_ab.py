@@ -1,0 +1,115 @@
+"""Two checkouts of mservd on the tiny model, interleaved: A, B, A, B, … on the same minutes.
+
+    .venv/bin/python -m benchmarks.frontends_ab --a /tmp/mservd-old --b . [--rounds 4]
+
+For comparing one change to the serving path (the HTTP frontends moving onto gunicorn, first):
+each round starts each checkout in turn (``python -m mservd`` with that checkout first on
+``PYTHONPATH``, so its daemon, zygote and frontends all run its code), warms it up, and measures
+tiny closed loop at c=1 and c=64, then open loop at 1.8x that round's own c=64 throughput. The
+report is the median of each figure per checkout, its spread (min–max), and B/A, with the load
+average before each run. Both run in this environment: what a checkout needs must be installed
+here (the older frontend needed httptools).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import loadgen
+from benchmarks.scenarios import workload_for
+from benchmarks.systems import REPO, Mservd
+from benchmarks.workloads import build_workloads
+
+FIGURES = (  # (key, label, better when higher)
+    ("c1_p50_ms", "tiny c=1 p50 ms", False),
+    ("c1_thr", "tiny c=1 req/s", True),
+    ("c64_thr", "tiny c=64 req/s", True),
+    ("c64_p99_ms", "tiny c=64 p99 ms", False),
+    ("open_ok", "tiny open 1.8x answered/s", True),
+    ("open_p99_ms", "tiny open 1.8x accepted p99 ms", False),
+    ("open_refused", "tiny open 1.8x refused share", False),
+)
+
+
+class Checkout(Mservd):
+    """mservd as one checkout's code runs it."""
+
+    def __init__(self, tree: Path, label: str, *args: Any) -> None:
+        self.tree, self.label = tree, label
+        super().__init__(*args)
+
+    def command(self, models: list[str]) -> tuple[list[str], dict[str, str]]:
+        cmd, env = super().command(models)
+        env = {**env, "PYTHONPATH": str(self.tree)}
+        return cmd, env
+
+
+def one_run(system: Checkout, work, seconds: float) -> dict[str, float]:
+    system.start(["tiny"])
+    try:
+        wl = workload_for(system, work)
+        loadgen.closed_loop(wl, 8, 2.0)  # warm-up
+        c1 = loadgen.closed_loop(wl, 1, seconds)
+        c64 = loadgen.closed_loop(wl, 64, seconds)
+        rate = 1.8 * c64.throughput
+        opened = loadgen.open_loop(wl, rate, seconds, pool=512)
+    finally:
+        system.stop()
+    refused = sum(v for k, v in opened.errors.items() if k == "503")
+    return {"c1_p50_ms": c1.p50_ms, "c1_thr": c1.throughput, "c64_thr": c64.throughput,
+            "c64_p99_ms": c64.p99_ms, "open_ok": opened.completed / opened.seconds,
+            "open_p99_ms": opened.p99_ms, "open_refused": refused / max(opened.sent, 1),
+            "open_rate": rate}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", type=Path, required=True, help="checkout A (the baseline)")
+    parser.add_argument("--b", type=Path, default=REPO, help="checkout B (the change)")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--store", type=Path, default=REPO / "model_store")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+
+    loadgen.install_fast_loop()
+    store = args.store.resolve()
+    work = build_workloads(store, 8)["tiny"]
+    runs: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
+    for n in range(args.rounds):
+        for label, tree in (("A", args.a), ("B", args.b)):
+            system = Checkout(tree.resolve(), label, store, 2, 8, 5)
+            load = os.getloadavg()[0]
+            figures = one_run(system, work, args.seconds)
+            figures["load1"] = load
+            runs[label].append(figures)
+            system.cleanup()
+            print(f"round {n + 1} {label}: load {load:.2f} " + " ".join(
+                f"{k}={v:.3g}" for k, v in figures.items()), flush=True)
+
+    print("\n| figure | A median (min–max) | B median (min–max) | B/A |\n|---|---|---|---|")
+    for key, label, _ in FIGURES:
+        a = [r[key] for r in runs["A"]]
+        b = [r[key] for r in runs["B"]]
+        ma, mb = statistics.median(a), statistics.median(b)
+        ratio = f"{mb / ma:.2f}" if ma else "-"
+        print(f"| {label} | {ma:.3g} ({min(a):.3g}–{max(a):.3g}) | "
+              f"{mb:.3g} ({min(b):.3g}–{max(b):.3g}) | {ratio} |")
+    loads = [r["load1"] for r in runs["A"] + runs["B"]]
+    print(f"\nload average (1 min) before the runs: {min(loads):.2f}–{max(loads):.2f}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"frontends-ab-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({"a": str(args.a), "b": str(args.b), "runs": runs}, indent=1))
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
