@@ -63,6 +63,7 @@ VERB_KEYS: dict[str, tuple[str, ...]] = {
     "ping": (), "metrics": (), "token": (),  # open; "token" checks the API key itself
     "list": (INFERENCE, MANAGEMENT),  # GET /v1/models (inference) and GET /models
     "v2_model_ready": (INFERENCE,), "v2_model_metadata": (INFERENCE,),
+    "authorize": (INFERENCE,),  # a frontend's check of a prediction's token, before its body
 }
 
 

@@ -273,3 +273,18 @@ def test_worker_counts_are_capped_per_model_and_in_all(daemon_factory) -> None:
     assert len(daemon.describe("echo")[0]["workers"]) == 1  # nothing was forked for them
     fits = daemon.manage("PUT", "/models/echo", params={"min_worker": 3, "synchronous": "true"})
     assert fits.status_code == 200, fits.text
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer not-the-key"])
+def test_a_prediction_without_a_valid_token_is_refused_before_its_body_is_read(
+        daemon, authorization) -> None:
+    with connect(daemon) as sock:
+        head = (b"POST /predictions/echo HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/octet-stream\r\nContent-Length: 5000000\r\n")
+        if authorization:
+            head += b"Authorization: " + authorization.encode() + b"\r\n"
+        sock.sendall(head + b"\r\n")  # and not a byte of the 5 MB body
+        sock.settimeout(10)
+        status, data = read_head(sock)
+    assert status == 401
+    assert b"WWW-Authenticate: Bearer" in data or b"www-authenticate: Bearer" in data

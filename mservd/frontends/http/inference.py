@@ -3,7 +3,8 @@
 ``/predictions`` and ``/explanations`` (TorchServe), ``/v1/models`` (KServe v1, ``kserve_v1.py``),
 ``/v2`` (Open Inference Protocol v2, ``v2.py``), ``/ping`` and the OpenAPI document. Every
 prediction, whatever its protocol, passes :meth:`InferenceRoutes.forward`: the door (refused at
-once when its model is over its limit), the body (bounded by ``max_request_size``), the trip to
+once when its model is over its limit), the token (a stranger is refused before a byte of its
+body is read), the body (bounded by ``max_request_size``), the trip to
 the controller (dropped there if the client hangs up while it waits), and what its answer
 teaches the door. The frontend never decodes a payload: the worker does.
 """
@@ -30,6 +31,7 @@ log = logging.getLogger("mservd.frontends.http")
 _SKIPPED_HEADERS = frozenset({"authorization", "cookie"})
 RETRY_AFTER = [("Retry-After", "1")]
 CONTROL_TIMEOUT = 10.0  # seconds for ping and metadata questions to the controller
+TOKEN_MEMORY = 5.0  # seconds a token the controller accepted is taken without asking again
 
 
 class InferenceRoutes:
@@ -40,6 +42,7 @@ class InferenceRoutes:
         self.max_request_size = int(spec["max_request_size"])
         self.reply_timeout = float(spec["reply_timeout"])
         self.door = Door(float(spec.get("max_queue_wait_ms", 0)) / 1000.0)
+        self.authorized: dict[str | None, float] = {}  # token -> until when it is taken
         self.shedder = Shedder(float(spec.get("shed_delay_ms", 0)), loop,
                                lambda seconds: self.door.tick(seconds, log))
 
@@ -65,6 +68,22 @@ class InferenceRoutes:
             return Answer(200, json.dumps(inference_api(), indent=2).encode())
         raise ResourceNotFound(f"Requested resource is not found: {request.method} {path}. "
                                "Try POST /predictions/{model_name}.")
+
+    async def authorize(self, request: HttpRequest) -> Reply | None:
+        """The controller's refusal of this request's token, asked before its body is read,
+        or None. Tokens it accepted are remembered for TOKEN_MEMORY seconds, so a client's
+        requests pay this once; the controller still checks each prediction itself."""
+        token = self.token(request)
+        now = time.monotonic()
+        if token is not None and self.authorized.get(token, 0.0) > now:
+            return None
+        reply = await self.ask("authorize", {}, token)
+        if reply.status != 200:
+            return reply
+        if len(self.authorized) >= 16:  # keys are few; anything else is stale
+            self.authorized.clear()
+        self.authorized[token] = now + TOKEN_MEMORY
+        return None
 
     def token(self, request: HttpRequest) -> str | None:
         return bearer_token(request.headers.get("authorization")) if self.auth else None
@@ -115,6 +134,10 @@ class InferenceRoutes:
         refusal = self.door.refusal(path)
         if refusal is not None:
             return Answer(503, refusal, JSON, RETRY_AFTER)
+        if self.auth:
+            refused = await self.authorize(request)
+            if refused is not None:
+                return relay(refused, kserve=kserve)
         limit = self.door.let_in(path)
         status, retry_after, body = 500, False, b""
         try:
