@@ -539,6 +539,15 @@ class Settings:
             _above(0),
         ),
     )
+    frontend_body_timeout: float = field(
+        default=60.0,
+        metadata=_meta(
+            "frontend_body_timeout",
+            "Seconds the rest of an HTTP request body may take once its first part came, else "
+            "408 and closed.",
+            _above(0),
+        ),
+    )
     frontend_write_timeout: float = field(
         default=30.0,
         metadata=_meta(

@@ -80,6 +80,13 @@ class RequestTooLarge(MservdError):
     type = "RequestEntityTooLarge"
 
 
+class RequestTimeout(MservdError):
+    """The client did not send its whole request in time."""
+
+    http_status = 408
+    type = "RequestTimeout"
+
+
 class NoWorker(MservdError):
     """No live worker can take the request (all dead, loading, or the model failed)."""
 

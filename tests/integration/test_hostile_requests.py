@@ -89,7 +89,8 @@ def strict(tmp_path_factory, store):
 
     daemon = Daemon(tmp_path_factory.mktemp("hostile-wire"), store,
                     {"load_models": "echo.mar", "frontend_header_timeout": 2,
-                     "frontend_write_timeout": 2, "frontend_connections": 20})
+                     "frontend_write_timeout": 2, "frontend_body_timeout": 2,
+                     "frontend_connections": 20})
     daemon.start()
     yield daemon
     daemon.stop()
@@ -148,6 +149,7 @@ def test_headers_trickled_past_the_deadline_get_408_and_the_connection_closes(st
         sock.sendall(b"GET /ping HTTP/1.1\r\nX-Slow: ")
         for _ in range(3):  # a byte a second keeps no connection open past the deadline
             time.sleep(1)
+            assert strict.predict("echo", json={"meanwhile": 1}).status_code == 200
             try:
                 sock.sendall(b"a")
             except (BrokenPipeError, ConnectionResetError):
@@ -288,3 +290,25 @@ def test_a_prediction_without_a_valid_token_is_refused_before_its_body_is_read(
         status, data = read_head(sock)
     assert status == 401
     assert b"WWW-Authenticate: Bearer" in data or b"www-authenticate: Bearer" in data
+
+
+def test_a_body_trickled_past_its_deadline_gets_408_and_the_connection_closes(strict) -> None:
+    import time
+
+    started = time.monotonic()
+    with connect(strict) as sock:
+        sock.sendall(b"POST /predictions/echo HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer " + strict.key("inference").encode() + b"\r\n"
+                     b"Content-Type: application/octet-stream\r\nContent-Length: 1000\r\n\r\n"
+                     b"0123456789")
+        for _ in range(5):  # a byte a second: the rest would take 990 s
+            time.sleep(1)
+            assert strict.predict("echo", json={"meanwhile": 1}).status_code == 200
+            try:
+                sock.sendall(b"a")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        status, data = read_head(sock)
+        assert closed_by_server(sock, 5)
+    assert status == 408 and b'"type": "RequestTimeout"' in data
+    assert time.monotonic() - started < 10

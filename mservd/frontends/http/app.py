@@ -88,9 +88,11 @@ class HttpRequest:
     def target(self) -> str:
         return f"{self.path}?{self.query}" if self.query else self.path
 
-    async def body(self, limit: int) -> bytes:
-        """The whole body, refused (413) past ``limit`` bytes before more of it is read."""
-        from mservd.errors import BadRequest, RequestTooLarge
+    async def body(self, limit: int, seconds: float) -> bytes:
+        """The whole body, refused (413) past ``limit`` bytes before more of it is read, and
+        (408) if what follows its first part takes longer than ``seconds``: a body trickled a
+        byte at a time holds no connection for long."""
+        from mservd.errors import BadRequest, RequestTimeout, RequestTooLarge
 
         length = self.headers.get("content-length")
         if length is not None:
@@ -101,8 +103,17 @@ class HttpRequest:
                                       f"max_request_size ({limit}).")
         chunks: list[bytes] = []
         size = 0
+        deadline: float | None = None  # set once a part came and more is to follow
         while True:
-            message = await self.receive()
+            if deadline is None:
+                message = await self.receive()
+            else:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        message = await self.receive()
+                except TimeoutError:
+                    raise RequestTimeout(f"The request body did not arrive within {seconds:.0f} "
+                                         "s (frontend_body_timeout).") from None
             if message["type"] == "http.disconnect":
                 raise ClientGone()
             chunk = message.get("body", b"")
@@ -112,6 +123,8 @@ class HttpRequest:
             chunks.append(chunk)
             if not message.get("more_body"):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + seconds
 
     def on_hang_up(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` if the client hangs up before its answer is sent (None: no more)."""
@@ -255,7 +268,8 @@ class FrontendApp:
         self.inference = inference.InferenceRoutes(spec, self.bridge, loop)
         self.routes = {
             "inference": self.inference.answer,
-            "management": WsgiRoutes(flask_app, self.threads, spec["ports"]["management"]).answer,
+            "management": WsgiRoutes(flask_app, self.threads, spec["ports"]["management"],
+                                     float(spec["body_timeout"])).answer,
             "metrics": metrics.MetricsRoutes(self.bridge).answer,
         }
         loop.call_later(ACCESS_FLUSH, self.flush_access_log)
@@ -286,8 +300,9 @@ class WsgiRoutes:
     thread, its body read here first (bounded by gunicorn's limits and max_request_size)."""
 
     def __init__(self, app: Any, threads: concurrent.futures.Executor, port: int,
-                 max_body: int = 1 << 20) -> None:
+                 body_timeout: float, max_body: int = 1 << 20) -> None:
         self.app = app
+        self.body_timeout = body_timeout
         self.threads = threads
         self.port = str(port)
         self.max_body = max_body
@@ -296,7 +311,7 @@ class WsgiRoutes:
         import io
         import sys
 
-        body = await request.body(self.max_body)
+        body = await request.body(self.max_body, self.body_timeout)
         raw_path = scope.get("raw_path") or request.path.encode("utf-8", "surrogateescape")
         environ = {
             "REQUEST_METHOD": request.method,

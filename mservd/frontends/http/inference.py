@@ -41,6 +41,7 @@ class InferenceRoutes:
         self.auth = bool(spec["auth"])
         self.max_request_size = int(spec["max_request_size"])
         self.reply_timeout = float(spec["reply_timeout"])
+        self.body_timeout = float(spec["body_timeout"])
         self.door = Door(float(spec.get("max_queue_wait_ms", 0)) / 1000.0)
         self.authorized: dict[str | None, float] = {}  # token -> until when it is taken
         self.shedder = Shedder(float(spec.get("shed_delay_ms", 0)), loop,
@@ -142,7 +143,7 @@ class InferenceRoutes:
         status, retry_after, body = 500, False, b""
         try:
             self.shedder.check()
-            payload = await request.body(self.max_request_size)
+            payload = await request.body(self.max_request_size, self.body_timeout)
             rid_text = str(uuid.uuid4())
             rid = rid_text.encode()
             message = frames(rid, payload)
