@@ -130,6 +130,19 @@ def closed_by_server(sock, within: float) -> bool:
     return False
 
 
+def trickle(daemon, sock, seconds: int) -> None:
+    """A byte a second on ``sock`` until the server hangs up, the model answering meanwhile."""
+    import time
+
+    for _ in range(seconds):
+        time.sleep(1)
+        assert daemon.predict("echo", json={"meanwhile": 1}).status_code == 200
+        try:
+            sock.sendall(b"a")
+        except (BrokenPipeError, ConnectionResetError):
+            return
+
+
 def test_headers_past_64_kib_are_431_before_they_end(strict) -> None:
     with connect(strict) as sock:
         sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n")
@@ -147,13 +160,7 @@ def test_headers_trickled_past_the_deadline_get_408_and_the_connection_closes(st
     started = time.monotonic()
     with connect(strict) as sock:
         sock.sendall(b"GET /ping HTTP/1.1\r\nX-Slow: ")
-        for _ in range(3):  # a byte a second keeps no connection open past the deadline
-            time.sleep(1)
-            assert strict.predict("echo", json={"meanwhile": 1}).status_code == 200
-            try:
-                sock.sendall(b"a")
-            except (BrokenPipeError, ConnectionResetError):
-                break
+        trickle(strict, sock, 3)  # a byte a second keeps no connection open past the deadline
         status, data = read_head(sock)
         assert closed_by_server(sock, 5)
     assert status == 408 and b'"code": 408' in data
@@ -301,13 +308,7 @@ def test_a_body_trickled_past_its_deadline_gets_408_and_the_connection_closes(st
                      b"Authorization: Bearer " + strict.key("inference").encode() + b"\r\n"
                      b"Content-Type: application/octet-stream\r\nContent-Length: 1000\r\n\r\n"
                      b"0123456789")
-        for _ in range(5):  # a byte a second: the rest would take 990 s
-            time.sleep(1)
-            assert strict.predict("echo", json={"meanwhile": 1}).status_code == 200
-            try:
-                sock.sendall(b"a")
-            except (BrokenPipeError, ConnectionResetError):
-                break
+        trickle(strict, sock, 5)  # a byte a second: the rest would take 990 s
         status, data = read_head(sock)
         assert closed_by_server(sock, 5)
     assert status == 408 and b'"type": "RequestTimeout"' in data
