@@ -220,9 +220,7 @@ def run_batch(handler, context, frames: list[bytes], max_response_size: int) -> 
         try:
             rows, calls, is_v1 = _decode_request(req, context)
         except Exception as exc:  # whatever a request's bytes raise, it fails that request alone
-            rows, calls, is_v1 = None, _undecodable(req, exc), False
-        if rows is None:
-            out += [req.rid, *calls]  # the 400 answer
+            out += [req.rid, *_undecodable(req, exc)]
             continue
         requests.append(req)
         spans.append((len(data), len(rows), is_v1))
@@ -265,23 +263,18 @@ def run_batch(handler, context, frames: list[bytes], max_response_size: int) -> 
     return out
 
 
-def _decode_request(req, context) -> tuple[list[dict[str, Any]] | None, list[Any], bool]:
-    """The handler rows of one request and their v2 calls, or (None, 400 answer frames)."""
+def _decode_request(req, context) -> tuple[list[dict[str, Any]], list[Any], bool]:
+    """The handler rows of one request, their v2 calls, and whether it is KServe V1.
+
+    :raises Exception: whatever the request's bytes raise; :func:`_undecodable` answers it.
+    """
     content_type = req.inputs[0][1] if len(req.inputs) == 1 else ""
     if content_type.startswith(v2.CONTENT_TYPE):
-        try:
-            row, call = v2.decode_row(content_type, req.payloads[0], _v2_meta(context))
-        except V2Error as exc:
-            return None, [protocol.pack_reply(400, "application/json"),
-                          v2.error_answer(str(exc))], False
+        row, call = v2.decode_row(content_type, req.payloads[0], _v2_meta(context))
         return [row], [call], False
     if content_type == kserve_v1.CONTENT_TYPE:
-        try:
-            rows = kserve_v1.decode_rows(req.payloads[0],
-                                         context.system_properties.get("batch_size") or 1)
-        except kserve_v1.V1Error as exc:
-            return None, [protocol.pack_reply(400, "application/json"),
-                          kserve_v1.error_answer(str(exc))], True
+        rows = kserve_v1.decode_rows(req.payloads[0],
+                                     context.system_properties.get("batch_size") or 1)
         return rows, [None] * len(rows), True
     row = {}
     for (name, input_type), payload in zip(req.inputs, req.payloads):
@@ -294,9 +287,12 @@ def _decode_request(req, context) -> tuple[list[dict[str, Any]] | None, list[Any
 
 
 def _undecodable(req, exc: Exception) -> list[bytes]:
-    """The 400 answer to a request whose inputs cannot be decoded, in its protocol's shape."""
-    reason = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
-    message = f"The request's input cannot be decoded: {reason}"
+    """The 400 answer to a request whose inputs cannot be decoded, in its protocol's shape:
+    the decoders' own errors say what is wrong; anything else is named with its type."""
+    if isinstance(exc, (InputError, kserve_v1.V1Error, V2Error)):
+        message = str(exc)
+    else:
+        message = f"The request's input cannot be decoded: {type(exc).__name__}: {exc}"
     log.warning("request %s refused: %s", req.rid.decode(errors="replace"), message)
     content_type = req.inputs[0][1] if len(req.inputs) == 1 else ""
     if content_type == kserve_v1.CONTENT_TYPE:

@@ -59,8 +59,7 @@ def test_worker_undecodable_request_is_400_and_its_batch_mates_are_computed() ->
     ), 1 << 20))
     assert got[b"a"] == (200, {"x": 1})
     assert got[b"deep"][0] == 400
-    assert got[b"deep"][1]["message"] == ("The request's input cannot be decoded: The JSON "
-                                          "body is nested too deeply to parse.")
+    assert got[b"deep"][1]["message"] == "The JSON body is nested too deeply to parse."
     assert got[b"bad-charset"] == (200, "hi")  # an unusable charset: the raw bytes, as text/*
     assert got[b"v1"] == (400, {"error": "The JSON body is nested too deeply to parse."})
 
@@ -71,3 +70,17 @@ def test_worker_output_that_cannot_be_encoded_fails_its_own_request_only() -> No
     assert got[b"ok"] == (200, "fine")
     assert got[b"deep"][0] == 500
     assert "cannot be encoded" in got[b"deep"][1]["message"]
+
+
+def test_worker_names_an_unexpected_decode_failure_by_its_type(monkeypatch) -> None:
+    import mservd.worker as worker
+
+    def broken(content_type, body):
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(worker, "decode_input", broken)
+    got = answers(run_batch(Echo(), context(), batch(
+        (b"a", "application/octet-stream", b"x")), 1 << 20))
+    assert got[b"a"][0] == 400
+    assert got[b"a"][1]["message"] == ("The request's input cannot be decoded: "
+                                       "KeyError: 'surprise'")
