@@ -218,6 +218,7 @@ class Management:
 
         if is_remote:
             self._check_allowed(str(url))
+
             def downloaded(path: Path) -> None:
                 fetched.append(path)
                 after_fetch(path)
