@@ -157,6 +157,8 @@ def test_random_bytes_at_every_route_never_give_a_5xx(daemon, route, body, conte
     answer = requests.request(method, daemon.url(api, path), data=body, params=query,
                               headers={"Content-Type": content_type,
                                        "Authorization": f"Bearer {key}"}, timeout=30)
+    if path == "/ping" and answer.json() == {"status": "Unhealthy"}:
+        return  # its documented 500 while a scale call above starts workers (TorchServe's)
     assert answer.status_code < 500 or answer.status_code == 503, answer.text
     if answer.status_code >= 400:
         assert answer.json()["code"] == answer.status_code
