@@ -8,6 +8,8 @@ The policy keeps a lone request fast and a loaded server efficient:
   version is busy (waiting for batch-mates would only add latency to an idle server);
 * while some worker is busy, an idle worker waits up to ``max_batch_delay`` from the oldest
   request's arrival for the batch to fill;
+* a batch is all predictions or all explanations (``explain``), never a mix: a handler
+  decides how to run a whole batch;
 * requests whose deadline passes in the queue are taken out by ``expire`` to be answered 504,
   never computed;
 * ``oldest_wait`` lets the controller refuse new requests while the queue is standing still
@@ -23,6 +25,7 @@ from typing import Generic, Protocol, TypeVar
 class Queued(Protocol):
     arrived: float
     deadline: float
+    explain: bool
 
 
 T = TypeVar("T", bound=Queued)
@@ -70,9 +73,12 @@ class Batcher(Generic[T]):
         if len(queue) < self.batch_size and any_busy:
             if now < queue[0].arrived + self.max_batch_delay:
                 return []
-        count = min(self.batch_size, len(queue))
+        explain = queue[0].explain
+        taken = []
+        while queue and len(taken) < self.batch_size and queue[0].explain == explain:
+            taken.append(queue.popleft())
         self._soonest = None
-        return [queue.popleft() for _ in range(count)]
+        return taken
 
     def expire(self, now: float) -> list[T]:
         """Take out the queued requests whose deadline has passed (each may have its own)."""

@@ -33,7 +33,8 @@ from mservd.errors import (
 )
 from mservd.metrics import Metrics
 from mservd.registry import ModelVersion, Registry
-from mservd.reply import Reply, Waiter
+from mservd.protocol import Reply
+from mservd.waiter import Waiter
 from mservd.supervisor import Supervisor, Worker, WorkerState
 
 log = logging.getLogger(__name__)
@@ -45,15 +46,16 @@ IDLE_POLL = 1.0
 class Pending:
     """A queued or running request: who asked, its frames, and its clock."""
 
-    __slots__ = ("rid", "fid", "frames", "arrived", "deadline", "retried")
+    __slots__ = ("rid", "fid", "frames", "arrived", "deadline", "explain", "retried")
 
     def __init__(self, rid: bytes, fid: bytes, frames: list[bytes], arrived: float,
-                 deadline: float) -> None:
+                 deadline: float, explain: bool = False) -> None:
         self.rid = rid
         self.fid = fid
-        self.frames = frames
+        self.frames = frames  # the meta header and payloads, forwarded as they came
         self.arrived = arrived
         self.deadline = deadline
+        self.explain = explain
         self.retried = False
 
 
@@ -91,7 +93,7 @@ class Controller:
             backend_endpoint,
             Path(settings.log_dir),
             gpu_count,
-            send_stop=lambda w: self.back.send_multipart([w.identity, protocol.STOP]),
+            send_stop=lambda w: self.back.send_multipart([w.identity, *protocol.stop()]),
             worker_spec_extra={"max_response_size": settings.max_response_size,
                                "log_level": settings.log_level,
                                "log_format": settings.log_format,
@@ -211,8 +213,8 @@ class Controller:
         if kind == protocol.PREDICT:
             self.on_predict(fid, frames, now)
         elif kind == protocol.MANAGE:
-            self.on_manage(fid, frames[2])
-        elif kind == protocol.CANCEL:
+            self.on_manage(fid, protocol.parse_manage(frames[2]))
+        elif kind == protocol.CANCEL and len(frames) == 3:
             self.on_cancel(fid, frames[2])
         else:
             raise protocol.ProtocolError(f"frontends may not send {kind!r}")
@@ -232,7 +234,7 @@ class Controller:
             arrived = sent if sent is not None and 0.0 <= now - sent < 60.0 else now
             self.admit(mv, now, arrived)
             pending = Pending(route.rid, fid, frames[3:], arrived,
-                              arrived + self.queue_timeout(mv, route))
+                              arrived + self.queue_timeout(mv, route), route.explain)
             if not mv.batcher.add(pending):
                 raise QueueFull(
                     f"Model {mv.name} version {mv.version} has {mv.batcher.capacity} requests "
@@ -276,29 +278,21 @@ class Controller:
             limit = min(limit, route.timeout_ms / 1000.0)
         return limit
 
-    def on_manage(self, fid: bytes, header: bytes) -> None:
-        call = protocol.unpackb(header)
-        if not (isinstance(call, dict) and isinstance(call.get("id"), bytes)
-                and isinstance(call.get("op"), str)):
-            raise protocol.ProtocolError("a MANAGE header needs an id (bytes) and an op (str)")
-        rid = call["id"]
-
+    def on_manage(self, fid: bytes, call: protocol.ManageCall) -> None:
         def respond(reply: Reply) -> None:
-            head, body = reply.encode()
-            self.front.send_multipart([fid, protocol.REPLY, rid, head, body])
+            self.front.send_multipart([fid, *protocol.reply(reply.result(call.rid))])
 
         try:
             if self.keys is not None:
-                key = key_for(call["op"], call.get("api"))
+                key = key_for(call.op, call.api)
                 if key is not None:
-                    self.keys.check(key, call.get("token"))
-            result = self.management.call(call["op"], call.get("args") or {}, call.get("token"),
-                                          respond)
+                    self.keys.check(key, call.token)
+            result = self.management.call(call.op, call.args, call.token, respond)
         except MservdError as exc:
             respond(Reply.error(exc))
             return
         except Exception as exc:  # a bug in a management verb must not kill the daemon
-            log.exception("management call %r failed", call.get("op"))
+            log.exception("management call %r failed", call.op)
             respond(Reply(500, error_body(500, "InternalServerException",
                                           f"{type(exc).__name__}: {exc}")))
             return
@@ -307,8 +301,7 @@ class Controller:
 
     def send_error(self, fid: bytes, rid: bytes, exc: MservdError) -> None:
         self.metrics.answered(exc.http_status)
-        head = protocol.pack_reply(exc.http_status, "application/json", exc.headers or None)
-        self.front.send_multipart([fid, protocol.REPLY, rid, head, exc.to_body()])
+        self.front.send_multipart([fid, *protocol.reply(Reply.error(exc).result(rid))])
 
     # -- batching and workers -----------------------------------------------------------
 
@@ -334,11 +327,8 @@ class Controller:
 
     def send_batch(self, mv: ModelVersion, worker: Worker, batch: list[Pending],
                    now: float) -> None:
-        frames = [worker.identity, protocol.BATCH]
         vm = self.metrics.version(mv.key)
         for pending in batch:
-            frames.append(pending.rid)
-            frames.extend(pending.frames)
             worker.batch[pending.rid] = pending
             waited = now - pending.arrived
             vm.queue.observe(waited)
@@ -346,7 +336,8 @@ class Controller:
         worker.batch_started = now
         worker.state = WorkerState.BUSY
         worker.batch_deadline = now + mv.settings.response_timeout
-        self.back.send_multipart(frames)
+        self.back.send_multipart([worker.identity, *protocol.batch(
+            (p.rid, p.explain, p.frames) for p in batch)])
 
     def flush_due_batches(self, now: float) -> None:
         for mv in self.registry.all_versions():
@@ -363,19 +354,19 @@ class Controller:
         if kind == protocol.DONE:
             self.on_done(worker, frames, now)
         elif kind == protocol.CHUNK:  # a streamed part: forward it, the request stays open
-            pending = worker.batch.get(frames[2])
+            part = protocol.parse_result(frames[2:])
+            pending = worker.batch.get(part.rid)
             if pending is not None:
-                self.front.send_multipart([pending.fid, protocol.CHUNK, frames[2], frames[3],
-                                           frames[4]])
+                self.front.send_multipart([pending.fid, *protocol.chunk(part)])
         elif kind == protocol.READY:
             self.on_ready(worker, now)
         elif kind == protocol.METRICS:
-            self.metrics.record_handler_samples(protocol.unpackb(frames[2]))
+            self.metrics.record_handler_samples(protocol.parse_metrics(frames[2]))
         elif kind == protocol.FAILED:
-            info = protocol.unpackb(frames[2])
-            worker.mv.load_error = f"{info.get('message')}\n{info.get('traceback', '')}".strip()
+            failure = protocol.parse_failed(frames[2])
+            worker.mv.load_error = f"{failure.message}\n{failure.traceback}".strip()
             log.error("worker %s failed to load %s/%s: %s", worker.id, worker.model,
-                      worker.version, info.get("message"))
+                      worker.version, failure.message)
         else:
             raise protocol.ProtocolError(f"workers may not send {kind!r}")
 
@@ -400,15 +391,14 @@ class Controller:
         batch_took = now - worker.batch_started
         vm.handler.observe(batch_took)
         worker.mv.batch_seconds += 0.2 * (batch_took - worker.mv.batch_seconds)
-        for i in range(2, len(frames) - 2, 3):
-            rid = frames[i]
-            pending = batch.pop(rid, None)
+        for result in protocol.parse_done(frames[2:]):
+            pending = batch.pop(result.rid, None)
             if pending is not None:
-                send([pending.fid, protocol.REPLY, rid, frames[i + 1], frames[i + 2]])
+                send([pending.fid, *protocol.reply(result)])
                 took = now - pending.arrived
                 vm.latency.observe(took)
                 vm.latency_us.inc(took * 1e6)
-                metrics.answered(protocol.unpack_reply(frames[i + 1])[0])
+                metrics.answered(protocol.Head.parse(result.head).status)
         for pending in batch.values():
             self.send_error(pending.fid, pending.rid,
                             WorkerDied("The worker returned no answer for this request."))

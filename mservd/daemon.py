@@ -145,7 +145,7 @@ class Daemon:
 
     def run(self, to_stderr: bool = True) -> int:
         from mservd.controller import Controller
-        from mservd.reply import Reply
+        from mservd.protocol import Reply
 
         settings = self.settings
         self.log_dir.mkdir(parents=True, exist_ok=True)

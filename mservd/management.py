@@ -32,7 +32,8 @@ from mservd.errors import (
     ResourceNotFound,
 )
 from mservd.registry import ModelVersion
-from mservd.reply import Reply, Waiter
+from mservd.protocol import Reply
+from mservd.waiter import Waiter
 
 if TYPE_CHECKING:
     from mservd.controller import Controller

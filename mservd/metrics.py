@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from mservd import protocol
+
 if TYPE_CHECKING:
     from mservd.controller import Controller
 
@@ -97,9 +99,11 @@ class Metrics:
         if counter is not None:
             counter.inc()
 
-    def record_handler_samples(self, samples: list[list[Any]]) -> None:
-        """Handler metrics shipped by a worker: ``[name, value, unit, kind, dimensions]``."""
-        for name, value, unit, kind, dimensions in samples:
+    def record_handler_samples(self, samples: list[protocol.Sample]) -> None:
+        """Handler metrics shipped by a worker."""
+        for sample in samples:
+            name, value, unit, kind, dimensions = (sample.name, sample.value, sample.unit,
+                                                   sample.kind, sample.dimensions)
             labels = tuple(sorted(dimensions))
             metric = self._custom.get(name)
             if metric is None:

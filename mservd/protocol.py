@@ -1,38 +1,44 @@
-"""The ZeroMQ wire between frontends, the controller and backend workers.
+"""The ZeroMQ wire between frontends, the controller and backend workers: every message is built
+and parsed here, and nowhere else.
 
 Every message is a list of frames; the first is ``MSV1`` followed by one kind byte. Headers are
 msgpack; payloads are raw frames that nobody between the frontend and the worker decodes or
-copies into new objects. The controller reads only the small *route* header of a request and the
-request id frame of a reply; the *meta* header (input names, content types, HTTP headers) is
-opaque to it and forwarded as the same bytes::
+copies into new objects. The controller reads only the small *route* header of a request and
+the request id of a result; the *meta* header (codec, input names and types, headers) is opaque
+to it and forwarded as the same bytes::
 
     frontend -> controller  PREDICT  | MSV1P | route | meta | input 0 | ... | input k |
-                            MANAGE   | MSV1M | {"id", "op", "args", "token"}         |
+                            MANAGE   | MSV1M | {"id", "op", "args", "token", "api"}  |
                             CANCEL   | MSV1X | rid |   (the client went away: drop it if queued)
-    controller -> frontend  REPLY    | MSV1R | rid | reply | body |
-                            CHUNK    | MSV1C | rid | reply | body |   (a streamed part)
-    controller -> worker    BATCH    | MSV1B | rid | meta | inputs... | rid | meta | ... |
+    controller -> frontend  REPLY    | MSV1R | rid | head | body |
+                            CHUNK    | MSV1C | rid | head | body |   (a streamed part)
+    controller -> worker    BATCH    | MSV1B | job | meta | inputs... | job | meta | ... |
                             STOP     | MSV1S |
     worker -> controller    READY    | MSV1H | {"pid"} |
                             FAILED   | MSV1F | {"message", "traceback"} |
-                            DONE     | MSV1D | rid | reply | body | rid | reply | body | ... |
-                            CHUNK    | MSV1C | rid | reply | body |
+                            DONE     | MSV1D | rid | head | body | rid | head | body | ... |
+                            CHUNK    | MSV1C | rid | head | body |
                             METRICS  | MSV1Q | [[name, value, unit, kind, {dim: value}], ...] |
 
-    route = [rid, model, version or None, token or None, api, timeout_ms or None, sent]
+    route = [rid, model, version or None, token or None, timeout_ms or None, explain, sent]
             (sent: the frontend's time.monotonic() when it sent the request; CLOCK_MONOTONIC
             is one clock for every process on the host, so the controller sees the transit)
-    meta  = [[[name, content_type], ...], {header: value}, explain]  (msgpack array)
-    reply = [status, content_type, {header: value}]                  (msgpack array)
+    meta  = [codec, [[name, content_type], ...], {header: value}]
+    job   = [rid, explain]                   (the route's two fields a worker needs)
+    head  = [status, content_type, {header: value}]
 
+``explain`` travels in the route alone: the controller never batches an explanation with a
+prediction, and the worker shows it to the handler as TorchServe does (an ``explain`` header).
 A ROUTER prepends the peer's identity frame; the functions here take and return frames after it.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
-from typing import Any, Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import msgpack
 
@@ -55,6 +61,14 @@ KINDS = frozenset({PREDICT, MANAGE, CANCEL, REPLY, CHUNK, BATCH, STOP, READY, FA
 API_INFERENCE = "inference"
 API_MANAGEMENT = "management"
 
+# How a request's payload is read and its answer written, one codec per protocol (mservd/codecs)
+CODEC_TORCHSERVE = "torchserve"  # /predictions, gRPC Predictions: inputs by name
+CODEC_KSERVE_V1 = "kserve-v1"  # {"instances": [...]}: one handler row per instance
+CODEC_V2 = "v2"  # the Open Inference Protocol's infer body, JSON or binary
+CODECS = frozenset({CODEC_TORCHSERVE, CODEC_KSERVE_V1, CODEC_V2})
+
+JSON = "application/json"
+
 packb = msgpack.packb
 
 
@@ -76,6 +90,9 @@ def kind_of(frames: Sequence[bytes]) -> bytes:
     return frames[0]
 
 
+# -- PREDICT: a client's request, as every frontend sends it --------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     """What the controller needs to place a request: never the payload."""
@@ -84,68 +101,291 @@ class Route:
     model: str
     version: str | None
     token: str | None
-    api: str
     timeout_ms: float | None = None  # the client's own queue deadline, if it sent one
-    sent: float | None = None  # the frontend's time.monotonic() at sending; set by predict_frames
+    explain: bool = False  # /explanations: never batched with predictions
+    sent: float | None = None  # the frontend's time.monotonic() at sending
 
 
-def predict_frames(route: Route, meta: bytes, inputs: Sequence[bytes]) -> list[bytes]:
-    header = packb([route.rid, route.model, route.version, route.token, route.api,
-                    route.timeout_ms, time.monotonic() if route.sent is None else route.sent])
-    return [PREDICT, header, meta, *inputs]
+def prediction(rid: bytes, model: str, version: str | None, token: str | None, codec: str,
+               inputs: Sequence[tuple[str, str]], headers: dict[str, str],
+               payloads: Sequence[bytes], *, explain: bool = False,
+               timeout_ms: float | None = None, sent: float | None = None) -> list[bytes]:
+    """The PREDICT message of one request, whichever frontend and protocol it came by.
+
+    ``inputs`` are (name, content type) pairs, one per payload; ``headers`` are what the
+    handler may read (never the token).
+    """
+    route = packb([rid, model, version, token, timeout_ms, explain,
+                   time.monotonic() if sent is None else sent])
+    return [PREDICT, route, packb([codec, list(inputs), headers]), *payloads]
 
 
 def parse_route(frame: bytes) -> Route:
     fields = unpackb(frame)
     if not isinstance(fields, list) or len(fields) != 7:
         raise ProtocolError("route header must be a 7-item array")
-    rid, model, version, token, api, timeout_ms, sent = fields
+    rid, model, version, token, timeout_ms, explain, sent = fields
     if not isinstance(rid, bytes) or not isinstance(model, str):
         raise ProtocolError("route header has a bad request id or model name")
+    if version is not None and not isinstance(version, str):
+        raise ProtocolError("route header has a bad version")
+    if token is not None and not isinstance(token, str):
+        raise ProtocolError("route header has a bad token")
     if timeout_ms is not None and not isinstance(timeout_ms, (int, float)):
         raise ProtocolError("route header has a bad timeout")
     if sent is not None and not isinstance(sent, (int, float)):
         raise ProtocolError("route header has a bad send time")
-    return Route(rid, model, version, token, api, timeout_ms, sent)
+    return Route(rid, model, version, token, timeout_ms, bool(explain), sent)
 
 
-def pack_meta(inputs: Sequence[tuple[str, str]], headers: dict[str, str], explain: bool) -> bytes:
-    return packb([list(inputs), headers, explain])
-
-
-def pack_reply(status: int, content_type: str, headers: dict[str, str] | None = None) -> bytes:
-    return packb([status, content_type, headers or {}])
-
-
-def unpack_reply(frame: bytes) -> tuple[int, str, dict[str, str]]:
-    status, content_type, headers = unpackb(frame)
-    return status, content_type, headers
+# -- BATCH: the controller hands a worker requests ------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class RequestInBatch:
-    """One request as a worker sees it: id, input names and types, HTTP headers, payloads."""
+class Request:
+    """One request as a worker sees it: id, codec, inputs' names and types, headers, payloads."""
 
     rid: bytes
+    codec: str
     inputs: list[tuple[str, str]]
     headers: dict[str, str]
-    explain: bool
     payloads: list[bytes]
+    explain: bool = False
 
 
-def parse_batch(frames: Sequence[bytes]) -> list[RequestInBatch]:
-    """Split a BATCH message (without its kind frame) into requests."""
+def batch(requests: Iterable[tuple[bytes, bool, Sequence[bytes]]]) -> list[bytes]:
+    """The BATCH message of (rid, explain, [meta, payloads...]) as the controller holds them."""
+    frames = [BATCH]
+    for rid, explain, parts in requests:
+        frames.append(packb([rid, explain]))
+        frames.extend(parts)
+    return frames
+
+
+def batch_of(requests: Iterable[Request]) -> list[bytes]:
+    """The BATCH message of whole requests (``mservd run-handler`` and tests build one)."""
+    return batch((r.rid, r.explain, [packb([r.codec, [list(i) for i in r.inputs], r.headers]),
+                                     *r.payloads]) for r in requests)
+
+
+def parse_batch(frames: Sequence[bytes]) -> list[Request]:
+    """The requests of a BATCH message (without its kind frame)."""
     requests = []
     i, n = 0, len(frames)
     while i < n:
         if i + 2 > n:
             raise ProtocolError("batch ends inside a request")
-        rid = frames[i]
-        inputs, headers, explain = unpackb(frames[i + 1])
+        job = unpackb(frames[i])
+        meta = unpackb(frames[i + 1])
+        if not (isinstance(job, list) and len(job) == 2 and isinstance(job[0], bytes)):
+            raise ProtocolError("a batch's job header must be [rid, explain]")
+        if not (isinstance(meta, list) and len(meta) == 3 and meta[0] in CODECS
+                and isinstance(meta[1], list) and isinstance(meta[2], dict)):
+            raise ProtocolError("a request's meta header must be [codec, inputs, headers]")
+        rid, explain = job
+        codec, inputs, headers = meta
         count = len(inputs)
         payloads = list(frames[i + 2 : i + 2 + count])
         if len(payloads) != count:
             raise ProtocolError(f"request {rid!r} announces {count} inputs, batch has fewer")
-        requests.append(RequestInBatch(rid, [tuple(x) for x in inputs], headers, explain, payloads))
+        requests.append(Request(rid, codec, [(str(a), str(b)) for a, b in inputs], headers,
+                                payloads, bool(explain)))
         i += 2 + count
     return requests
+
+
+# -- answers: DONE from a worker, REPLY and CHUNK to a frontend --------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """An answer's status, content type and headers: what HTTP sends before the body."""
+
+    status: int
+    content_type: str = JSON
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def pack(self) -> bytes:
+        return packb([self.status, self.content_type, self.headers])
+
+    @staticmethod
+    def parse(frame: bytes) -> Head:
+        fields = unpackb(frame)
+        if not (isinstance(fields, list) and len(fields) == 3 and isinstance(fields[0], int)):
+            raise ProtocolError("an answer's head must be [status, content_type, headers]")
+        return Head(*fields)
+
+
+def head(status: int, content_type: str = JSON, headers: dict[str, str] | None = None) -> bytes:
+    """A packed :class:`Head`."""
+    return packb([status, content_type, headers or {}])
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A request's answer on the wire; ``head`` stays packed, as the controller passes it on."""
+
+    rid: bytes
+    head: bytes
+    body: bytes
+
+
+def done(results: Iterable[Result]) -> list[bytes]:
+    frames = [DONE]
+    for result in results:
+        frames += [result.rid, result.head, result.body]
+    return frames
+
+
+def parse_done(frames: Sequence[bytes]) -> list[Result]:
+    """The results of a DONE message (without its kind frame)."""
+    if len(frames) % 3:
+        raise ProtocolError("a DONE message must be rid, head, body triples")
+    return [Result(frames[i], frames[i + 1], frames[i + 2]) for i in range(0, len(frames), 3)]
+
+
+def reply(result: Result) -> list[bytes]:
+    """The final answer of a request, to its frontend."""
+    return [REPLY, result.rid, result.head, result.body]
+
+
+def chunk(result: Result) -> list[bytes]:
+    """A streamed part of an answer; the request stays open until its REPLY."""
+    return [CHUNK, result.rid, result.head, result.body]
+
+
+def parse_result(frames: Sequence[bytes]) -> Result:
+    """A REPLY's or CHUNK's result (without its kind frame)."""
+    if len(frames) != 3:
+        raise ProtocolError("a REPLY or CHUNK must be rid, head, body")
+    return Result(frames[0], frames[1], frames[2])
+
+
+@dataclass(slots=True)
+class Reply:
+    """An answer as a frontend receives it, or as the controller's management verbs build it.
+
+    ``body`` is bytes on the wire; a verb may give a str or a JSON-able value, encoded by
+    :meth:`result`. A streamed answer has ``stream``: the bodies of the later parts, final one
+    last; ``status``, ``content_type`` and ``headers`` are then those of the first part.
+    """
+
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = JSON
+    stream: Any = None
+
+    def body_bytes(self) -> bytes:
+        body = self.body
+        if isinstance(body, bytes):
+            return body
+        if isinstance(body, str):
+            return body.encode()
+        return json.dumps(body, indent=2).encode()
+
+    def result(self, rid: bytes) -> Result:
+        return Result(rid, head(self.status, self.content_type, self.headers), self.body_bytes())
+
+    @classmethod
+    def from_result(cls, result: Result, stream: Any = None) -> Reply:
+        h = Head.parse(result.head)
+        return cls(h.status, result.body, h.headers, h.content_type, stream)
+
+    @classmethod
+    def error(cls, exc: Any) -> Reply:
+        """The answer to an :class:`mservd.errors.MservdError`."""
+        return cls(exc.http_status, exc.to_body(), dict(exc.headers))
+
+
+# -- MANAGE and CANCEL: a frontend's other calls ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ManageCall:
+    """A management verb (or a question such as ping) for the controller."""
+
+    rid: bytes
+    op: str
+    args: dict[str, Any]
+    token: str | None
+    api: str = API_MANAGEMENT
+
+
+def manage(call: ManageCall) -> list[bytes]:
+    return [MANAGE, packb({"id": call.rid, "op": call.op, "args": call.args,
+                          "token": call.token, "api": call.api})]
+
+
+def parse_manage(frame: bytes) -> ManageCall:
+    call = unpackb(frame)
+    if not (isinstance(call, dict) and isinstance(call.get("id"), bytes)
+            and isinstance(call.get("op"), str)):
+        raise ProtocolError("a MANAGE header needs an id (bytes) and an op (str)")
+    args = call.get("args") or {}
+    if not isinstance(args, dict):
+        raise ProtocolError("a MANAGE header's args must be a map")
+    token = call.get("token")
+    return ManageCall(call["id"], call["op"], args, token if isinstance(token, str) else None,
+                      API_INFERENCE if call.get("api") == API_INFERENCE else API_MANAGEMENT)
+
+
+def cancel(rid: bytes) -> list[bytes]:
+    return [CANCEL, rid]
+
+
+# -- a worker's life: READY, FAILED, METRICS, STOP ---------------------------------------------
+
+
+def ready(pid: int) -> list[bytes]:
+    return [READY, packb({"pid": pid})]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFailure:
+    """Why a worker could not load its model."""
+
+    message: str
+    traceback: str = ""
+
+
+def failed(failure: LoadFailure) -> list[bytes]:
+    return [FAILED, packb({"message": failure.message, "traceback": failure.traceback})]
+
+
+def parse_failed(frame: bytes) -> LoadFailure:
+    info = unpackb(frame)
+    if not isinstance(info, dict):
+        raise ProtocolError("a FAILED header must be a map")
+    return LoadFailure(str(info.get("message", "")), str(info.get("traceback") or ""))
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One metric a handler recorded (handlers.metrics), shipped to the controller."""
+
+    name: str
+    value: float
+    unit: str
+    kind: str
+    dimensions: dict[str, str]
+
+
+def metrics(samples: Iterable[Sample]) -> list[bytes]:
+    return [METRICS, packb([[s.name, s.value, s.unit, s.kind, s.dimensions] for s in samples])]
+
+
+def parse_metrics(frame: bytes) -> list[Sample]:
+    rows = unpackb(frame)
+    if not isinstance(rows, list):
+        raise ProtocolError("a METRICS header must be an array")
+    samples = []
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 5 and isinstance(row[4], dict)):
+            raise ProtocolError("a metric must be [name, value, unit, kind, dimensions]")
+        samples.append(Sample(str(row[0]), float(row[1]), str(row[2]), str(row[3]), row[4]))
+    return samples
+
+
+def stop() -> list[bytes]:
+    return [STOP]

@@ -2,13 +2,14 @@
 
 This module owns the debugging path a handler author uses before serving: unpack the archive,
 build the same :class:`handlers.Context` a worker builds, load and initialize the handler, run
-one batch made of the given inputs, and print each output and how long each phase took. It
-starts no processes and opens no sockets; the worker's batching, timeouts and error mapping are
-not involved, so what fails here is the handler itself.
+one batch made of the given inputs through the worker's own batch path
+(:func:`mservd.worker.run_batch`: the same rows, encodings and errors as when served), and print
+each answer and how long each phase took. It starts no processes and opens no sockets; a
+handler that raises is shown with its traceback instead of answered 500.
 
 An INPUT is a file (its content type guessed from the suffix) or, when no such file exists, a
-literal: JSON when it parses, otherwise text. Each becomes what a worker would hand the handler
-for a request with that body (:func:`mservd.payload.decode_input`).
+literal: JSON when it parses, otherwise text. Each is one ``/predictions`` request with that
+body.
 
     python -m mservd.run_handler model_store/tiny.mar '[0, 1, ...]'
 """
@@ -31,13 +32,15 @@ from typing import Any
 import click
 import yaml
 
-from mservd.payload import JSON_TYPE, decode_input, encode_output, media_type
+from mservd import protocol, worker
+from mservd.payload import JSON_TYPE, media_type
 
 __all__ = ["HandlerFailed", "run_handler_command"]
 
 #: Suffixes whose content type decides how the body is decoded; the rest go by ``mimetypes``.
 CONTENT_TYPES = {".json": JSON_TYPE, ".txt": "text/plain; charset=utf-8"}
 BINARY_TYPE = "application/octet-stream"
+MAX_RESPONSE_SIZE = 1 << 31  # run-handler prints what the handler made, however large
 #: The phases of a run, in order; each is timed.
 PHASES = ("unpack", "load", "initialize", "handle")
 #: The hooks of a ``BaseHandler`` subclass that are timed separately inside ``handle``; the
@@ -164,30 +167,20 @@ def run_batch(archive: Path, inputs: list[Input], clock: PhaseClock) -> Outcome:
             with clock.phase("initialize"):
                 loaded.initialize(context)
             _time_hooks(loaded, clock)
-            data = []
-            for item in inputs:
-                value = decode_input(item.content_type, item.body)
-                # TorchServe names a raw body's input "body" and also passes it as "data".
-                data.append({"body": value, "data": value})
-            context.begin_batch(
-                [str(uuid.uuid4()) for _ in inputs],
-                [{"content-type": item.content_type} for item in inputs],
-            )
+            requests = [protocol.Request(str(uuid.uuid4()).encode(), protocol.CODEC_TORCHSERVE,
+                                         [("body", item.content_type)],
+                                         {"content-type": item.content_type}, [item.body])
+                        for item in inputs]
             phase = "handle"
             with clock.phase("handle"):
-                results = loaded.handle(data, context)
+                done = worker.run_batch(loaded, context, protocol.batch_of(requests)[1:],
+                                        MAX_RESPONSE_SIZE, raise_failure=True)
+        except worker.BatchShapeError as exc:
+            raise click.ClickException(f"handler failed in handle: {exc}") from None
         except Exception as exc:  # noqa: BLE001 -- any failure of user code is the report
             raise HandlerFailed(clock.failed_in or phase, exc) from None
-
-        if not isinstance(results, list) or len(results) != len(inputs):
-            got = f"{len(results)} outputs" if isinstance(results, list) else repr(type(results))
-            raise click.ClickException(
-                f"handler failed in handle: it returned {got} for {len(inputs)} inputs; "
-                "handle() must return a list with one item per request, in order."
-            )
-        outputs = [
-            _describe(idx, item, context, handlers.RequestError) for idx, item in enumerate(results)
-        ]
+        results = {r.rid: r for r in protocol.parse_done(done[1:])}
+        outputs = [_describe(idx, results[request.rid]) for idx, request in enumerate(requests)]
         return Outcome(manifest.model_name, inputs, outputs, clock.seconds)
 
 
@@ -228,26 +221,27 @@ def _time_hooks(loaded: Any, clock: PhaseClock) -> None:
             setattr(service, hook, clock.wrap(hook, getattr(service, hook)))
 
 
-def _describe(idx: int, item: Any, context: Any, request_error: type) -> dict[str, Any]:
-    """One output as the worker would send it: status, content type and body (or error)."""
-    if isinstance(item, request_error):
-        return {
-            "index": idx,
-            "error": {"code": item.status, "type": item.type, "message": item.message},
-        }
-    meta = context.response_meta(idx)
-    body, content_type = encode_output(item, meta.content_type)
+def _describe(idx: int, result: protocol.Result) -> dict[str, Any]:
+    """One answer as the worker sent it: status, content type and body, or its error."""
+    head = protocol.Head.parse(result.head)
+    if head.status >= 400:
+        try:
+            error = json.loads(result.body)
+        except ValueError:
+            error = {"message": result.body.decode("utf-8", "replace")}
+        return {"index": idx, "error": {"code": head.status, "type": error.get("type", ""),
+                                        "message": error.get("message", "")}}
     described: dict[str, Any] = {
         "index": idx,
-        "status": meta.status,
-        "content_type": content_type,
-        "bytes": len(body),
+        "status": head.status,
+        "content_type": head.content_type,
+        "bytes": len(result.body),
         "body": None,
     }
-    kind = media_type(content_type)
+    kind = media_type(head.content_type)
     if kind == JSON_TYPE or kind.endswith("+json") or kind.startswith("text/"):
         try:
-            described["body"] = body.decode("utf-8")
+            described["body"] = result.body.decode("utf-8")
         except UnicodeDecodeError:
             pass
     return described

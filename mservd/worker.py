@@ -23,13 +23,12 @@ from typing import Any
 
 import zmq
 
-from mservd import kserve_v1, protocol
-from mservd.errors import error_body
+from mservd import protocol
+from mservd.codecs import CODECS, Call, Codec
+from mservd.codecs.kserve_v1 import V1Error
 from mservd.lifeline import die_with_parent, parent_changed
 from mservd.log_format import formatter, log_to_stderr
-from mservd.payload import InputError, decode_form, decode_input, encode_output, is_form
-from mservd.v2 import handling as v2
-from mservd.v2 import metadata as v2_metadata
+from mservd.payload import InputError
 from mservd.v2.codec import V2Error
 
 log = logging.getLogger("mservd.worker")
@@ -193,134 +192,85 @@ def attach_stream(context, sock, max_response_size: int) -> None:
     """Let the handler stream: ``send_intermediate`` sends one CHUNK for a request at once.
 
     Set once per worker; a plain batch pays nothing for it. The chunk is encoded like a final
-    answer (status, content type and headers as the handler set them).
+    answer of its request's protocol.
     """
     def send_chunk(idx: int, item: Any) -> None:
+        call, codec = context.calls[idx]
         rid = context.request_ids[idx].encode()
-        sock.send_multipart([protocol.CHUNK, rid,
-                             *_encode_answer(context, idx, item, max_response_size)])
+        head, body = codec.encode(Call(call.rows, idx, call.state), [item], context,
+                                  max_response_size)
+        sock.send_multipart(protocol.chunk(protocol.Result(rid, head, body)))
 
     context.stream_callback = send_chunk
 
 
-def run_batch(handler, context, frames: list[bytes], max_response_size: int) -> list[bytes]:
-    """Run one BATCH message through the handler; the DONE message's frames, one answer each.
+def run_batch(handler, context, frames: list[bytes], max_response_size: int,
+              raise_failure: bool = False) -> list[bytes]:
+    """Run one BATCH message through the handler; the DONE message, one answer per request.
 
-    A request is normally one row of the handler's batch; a KServe V1 request is one row per
-    instance. A request whose body cannot be decoded is answered at once and left out.
+    Each request's codec turns it into rows of the handler's batch and the handler's outputs
+    for those rows into its answer. A request whose payload cannot be decoded is answered 400
+    at once and left out; a handler that fails fails its batch only (``raise_failure``: its
+    exception is raised instead, for ``mservd run-handler`` to show).
     """
-    out = [protocol.DONE]
-    requests = []  # the requests that reach the handler
-    spans: list[tuple[int, int, bool]] = []  # per request: first row, row count, is V1
-    data: list[dict[str, Any]] = []
-    v2_calls: list[Any] = []  # per row: its V2Call, or None
-    row_ids: list[str] = []
-    row_headers: list[dict[str, str]] = []
-    for req in protocol.parse_batch(frames):
+    results: list[protocol.Result] = []
+    running: list[tuple[protocol.Request, Codec, Call]] = []  # the requests the handler runs
+    rows: list[dict[str, Any]] = []
+    for request in protocol.parse_batch(frames):
+        codec = CODECS[request.codec]
         try:
-            rows, calls, is_v1 = _decode_request(req, context)
+            call = codec.decode(request, context)
         except Exception as exc:  # whatever a request's bytes raise, it fails that request alone
-            out += [req.rid, *_undecodable(req, exc)]
+            results.append(protocol.Result(request.rid, *_undecodable(codec, request, exc)))
             continue
-        requests.append(req)
-        spans.append((len(data), len(rows), is_v1))
-        data.extend(rows)
-        v2_calls.extend(calls)
-        row_ids.extend([req.rid.decode()] * len(rows))
-        row_headers.extend([req.headers] * len(rows))
-    if not requests:
-        return out
-    context.v2_requests = v2_calls  # read by handlers.v2.v2_inputs
-    ids = [r.rid.decode() for r in requests]
+        call.first = len(rows)
+        rows.extend(call.rows)
+        running.append((request, codec, call))
+    if not running:
+        return protocol.done(results)
+    context.calls = [(call, codec) for _, codec, call in running for _ in call.rows]
+    context.v2_requests = [call.state if codec is CODECS[protocol.CODEC_V2] else None
+                           for call, codec in context.calls]  # read by handlers.v2
+    row_ids, row_headers = [], []
+    for request, _, call in running:
+        headers = dict(request.headers, explain="True") if request.explain else request.headers
+        row_ids.extend([request.rid.decode()] * len(call.rows))
+        row_headers.extend([headers] * len(call.rows))
+    ids = ",".join(request.rid.decode() for request, _, _ in running)
     context.begin_batch(row_ids, row_headers)
-    _tag_output(",".join(ids))
+    _tag_output(ids)
     try:
-        outputs = handler.handle(data, context)
-        if not isinstance(outputs, (list, tuple)) or len(outputs) != len(data):
+        outputs = handler.handle(rows, context)
+        if not isinstance(outputs, (list, tuple)) or len(outputs) != len(rows):
             got = len(outputs) if isinstance(outputs, (list, tuple)) else type(outputs).__name__
             raise BatchShapeError(
-                f"Handler returned {got} outputs for a batch of {len(data)} requests; "
+                f"Handler returned {got} outputs for a batch of {len(rows)} requests; "
                 "handle() must return a list with one item per request."
             )
     except (Exception, SystemExit) as exc:  # the handler's failure fails this batch only
+        if raise_failure:
+            raise
         status, type_, message = _describe_failure(exc)
-        log.error("batch of requests %s failed (%s): %s", ",".join(ids), type_, message,
-                  exc_info=True)
-        reply = protocol.pack_reply(status, "application/json")
-        body = error_body(status, type_, message)
-        for req in requests:
-            out += [req.rid, reply, body]
-        return out
-
-    for req, (first, count, is_v1) in zip(requests, spans):
-        if is_v1:
-            out += [req.rid, *_encode_v1_answer(outputs[first:first + count], max_response_size)]
-        elif v2_calls[first] is not None:
-            out += [req.rid, *_encode_v2_answer(context, v2_calls[first], outputs[first],
-                                                max_response_size)]
-        else:
-            out += [req.rid, *_encode_answer(context, first, outputs[first], max_response_size)]
-    return out
+        log.error("batch of requests %s failed (%s): %s", ids, type_, message, exc_info=True)
+        for request, codec, _ in running:
+            results.append(protocol.Result(request.rid, *codec.error(status, type_, message)))
+        return protocol.done(results)
+    for request, codec, call in running:
+        mine = list(outputs[call.first:call.first + len(call.rows)])
+        results.append(protocol.Result(request.rid,
+                                       *codec.encode(call, mine, context, max_response_size)))
+    return protocol.done(results)
 
 
-def _decode_request(req, context) -> tuple[list[dict[str, Any]], list[Any], bool]:
-    """The handler rows of one request, their v2 calls, and whether it is KServe V1.
-
-    :raises Exception: whatever the request's bytes raise; :func:`_undecodable` answers it.
-    """
-    content_type = req.inputs[0][1] if len(req.inputs) == 1 else ""
-    if content_type.startswith(v2.CONTENT_TYPE):
-        row, call = v2.decode_row(content_type, req.payloads[0], _v2_meta(context))
-        return [row], [call], False
-    if content_type == kserve_v1.CONTENT_TYPE:
-        rows = kserve_v1.decode_rows(req.payloads[0],
-                                     context.system_properties.get("batch_size") or 1)
-        return rows, [None] * len(rows), True
-    row = {}
-    for (name, input_type), payload in zip(req.inputs, req.payloads):
-        if is_form(input_type):  # one input per field, by field name
-            for field, field_type, data in decode_form(input_type, payload):
-                row[field] = decode_input(field_type, data)
-        else:
-            row[name] = decode_input(input_type, payload)
-    return [row], [None], False
-
-
-def _undecodable(req, exc: Exception) -> list[bytes]:
+def _undecodable(codec: Codec, request: protocol.Request, exc: Exception) -> tuple[bytes, bytes]:
     """The 400 answer to a request whose inputs cannot be decoded, in its protocol's shape:
     the decoders' own errors say what is wrong; anything else is named with its type."""
-    if isinstance(exc, (InputError, kserve_v1.V1Error, V2Error)):
+    if isinstance(exc, (InputError, V1Error, V2Error)):
         message = str(exc)
     else:
         message = f"The request's input cannot be decoded: {type(exc).__name__}: {exc}"
-    log.warning("request %s refused: %s", req.rid.decode(errors="replace"), message)
-    content_type = req.inputs[0][1] if len(req.inputs) == 1 else ""
-    if content_type == kserve_v1.CONTENT_TYPE:
-        body = kserve_v1.error_answer(message)
-    elif content_type.startswith(v2.CONTENT_TYPE):
-        body = v2.error_answer(message)
-    else:
-        body = error_body(400, "BadRequestException", message)
-    return [protocol.pack_reply(400, "application/json"), body]
-
-
-def _encode_v1_answer(items: list[Any], max_response_size: int) -> list[bytes]:
-    """A KServe V1 answer: the instances' predictions, or the first instance's error."""
-    from handlers.errors import RequestError
-
-    for item in items:
-        if isinstance(item, RequestError):
-            return [protocol.pack_reply(item.status, "application/json"),
-                    kserve_v1.error_answer(item.message)]
-    try:
-        body = kserve_v1.encode_predictions(items)
-    except Exception as exc:  # TypeError, ValueError, RecursionError, a tolist() that raises
-        return [protocol.pack_reply(500, "application/json"),
-                kserve_v1.error_answer(f"The predictions cannot be encoded: {exc}")]
-    if len(body) > max_response_size:
-        return [protocol.pack_reply(500, "application/json"), kserve_v1.error_answer(
-            f"Response of {len(body)} bytes exceeds max_response_size ({max_response_size}).")]
-    return [protocol.pack_reply(200, "application/json"), body]
+    log.warning("request %s refused: %s", request.rid.decode(errors="replace"), message)
+    return codec.error(400, "BadRequestException", message)
 
 
 def _tag_output(requests: str) -> None:
@@ -334,38 +284,9 @@ def ship_metrics(sock, context) -> None:
     recorder = getattr(context, "metrics", None)
     samples = recorder.drain() if recorder is not None and hasattr(recorder, "drain") else []
     if samples:
-        sock.send_multipart([protocol.METRICS, protocol.packb(
-            [[m.name, float(m.value), m.unit, getattr(m.kind, "value", str(m.kind)),
-              dict(m.dimensions)] for m in samples])])
-
-
-def _v2_meta(context):
-    """The model's v2 metadata (model-config.yaml ``v2:``), read once per worker."""
-    meta = getattr(context, "_v2_metadata", None)
-    if meta is None:
-        meta = context._v2_metadata = v2_metadata.from_model_yaml(context.model_yaml_config)
-    return meta
-
-
-def _encode_v2_answer(context, call, item: Any, max_response_size: int) -> list[bytes]:
-    """A v2 request's answer: the infer response, or ``{"error": ...}`` with its status."""
-    from handlers.errors import RequestError
-
-    if isinstance(item, RequestError):
-        return [protocol.pack_reply(item.status, "application/json"),
-                v2.error_answer(item.message)]
-    try:
-        body, content_type, headers = v2.encode_answer(
-            call, item, _v2_meta(context), context.model_name,
-            str(context.manifest.get("model", {}).get("modelVersion", "")))
-    except Exception as exc:  # V2Error, or whatever the handler's value raises on the way
-        message = str(exc) if isinstance(exc, V2Error) else f"{type(exc).__name__}: {exc}"
-        log.error("v2 answer for model %s cannot be encoded: %s", context.model_name, message)
-        return [protocol.pack_reply(500, "application/json"), v2.error_answer(message)]
-    if len(body) > max_response_size:
-        return [protocol.pack_reply(500, "application/json"), v2.error_answer(
-            f"Response of {len(body)} bytes exceeds max_response_size ({max_response_size}).")]
-    return [protocol.pack_reply(200, content_type, headers), body]
+        sock.send_multipart(protocol.metrics(
+            protocol.Sample(m.name, float(m.value), m.unit, getattr(m.kind, "value", str(m.kind)),
+                            dict(m.dimensions)) for m in samples))
 
 
 def _failed_batch(frames: list[bytes], exc: Exception) -> list[bytes] | None:
@@ -375,13 +296,10 @@ def _failed_batch(frames: list[bytes], exc: Exception) -> list[bytes] | None:
     except Exception:  # the controller times the batch out and answers it
         log.exception("worker dropped a batch it cannot read")
         return None
-    reply = protocol.pack_reply(500, "application/json")
-    body = error_body(500, "InternalServerException",
-                      f"The worker failed this batch: {type(exc).__name__}: {exc}")
-    out = [protocol.DONE]
-    for req in requests:
-        out += [req.rid, reply, body]
-    return out
+    message = f"The worker failed this batch: {type(exc).__name__}: {exc}"
+    return protocol.done(
+        protocol.Result(r.rid, *CODECS[r.codec].error(500, "InternalServerException", message))
+        for r in requests)
 
 
 class BatchShapeError(Exception):
@@ -401,29 +319,6 @@ def _describe_failure(exc: BaseException) -> tuple[int, str, str]:
     return 500, "InternalServerException", f"{type(exc).__name__}: {message}"
 
 
-def _encode_answer(context, idx: int, item: Any, max_response_size: int) -> list[bytes]:
-    from handlers.errors import RequestError
-
-    if isinstance(item, RequestError):
-        return [protocol.pack_reply(item.status, "application/json"),
-                error_body(item.status, item.type, item.message)]
-    meta = context.response_meta(idx)
-    try:
-        body, content_type = encode_output(item, meta.content_type)
-    except Exception as exc:  # TypeError, ValueError, RecursionError, a tolist() that raises
-        message = f"Handler output for request {idx} cannot be encoded: {exc}"
-        log.error(message)
-        return [protocol.pack_reply(500, "application/json"),
-                error_body(500, "InternalServerException", message)]
-    if len(body) > max_response_size:
-        message = (f"Response of {len(body)} bytes exceeds max_response_size "
-                   f"({max_response_size}).")
-        return [protocol.pack_reply(500, "application/json"),
-                error_body(500, "InternalServerException", message)]
-    status = meta.status or 200
-    return [protocol.pack_reply(status, content_type, meta.headers or None), body]
-
-
 def serve(spec: dict[str, Any]) -> int:
     parent = os.getppid()
     zctx = zmq.Context()
@@ -437,12 +332,12 @@ def serve(spec: dict[str, Any]) -> int:
     except BaseException as exc:  # any load failure must reach the register call
         tb = traceback.format_exc()
         log.error("loading %s failed:\n%s", spec["model_name"], tb)
-        message = f"{type(exc).__name__}: {exc}"
-        sock.send_multipart([protocol.FAILED, protocol.packb({"message": message, "traceback": tb})])
+        sock.send_multipart(protocol.failed(protocol.LoadFailure(f"{type(exc).__name__}: {exc}",
+                                                                 tb)))
         time.sleep(0.2)  # let the message leave before the context goes
         sock.close(linger=1000)
         return EXIT_LOAD_FAILED
-    sock.send_multipart([protocol.READY, protocol.packb({"pid": os.getpid()})])
+    sock.send_multipart(protocol.ready(os.getpid()))
     log.info("worker %s ready: model %s version %s loaded in %.2f s", spec["worker_id"],
              spec["model_name"], spec["version"], time.monotonic() - began)
     max_response_size = spec.get("max_response_size", 6553500)

@@ -17,7 +17,8 @@ from typing import Any
 import zmq
 
 from mservd import protocol
-from mservd.frontends.bridge import ClientGone, ControllerGone, Reply
+from mservd.frontends.bridge import ClientGone, ControllerGone
+from mservd.protocol import Reply
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,8 @@ class AsyncBridge:
                 first = await self._next_part(got, timeout)
                 if stream:
                     streaming = True
-                    status, content_type, headers = protocol.unpack_reply(first[2])
-                    return Reply(status, content_type, headers, first[3],
-                                 self._parts(rid, got, first, timeout))
+                    return Reply.from_result(protocol.parse_result(first[1:]),
+                                             self._parts(rid, got, first, timeout))
                 while first[0] != protocol.REPLY:
                     first = await self._next_part(got, timeout)
                 got = first
@@ -123,8 +123,7 @@ class AsyncBridge:
         finally:
             if not streaming:
                 self._waiting.pop(rid, None)
-        status, content_type, headers = protocol.unpack_reply(got[2])
-        return Reply(status, content_type, headers, got[3])
+        return Reply.from_result(protocol.parse_result(got[1:]))
 
     @staticmethod
     async def _next_part(parts: asyncio.Queue, timeout: float) -> list[bytes]:
@@ -161,13 +160,13 @@ class AsyncBridge:
         elif waiter is not None and not waiter.done():
             waiter.set_exception(ClientGone())
         if self._sock is not None:
-            self._send([protocol.CANCEL, rid])
+            self._send(protocol.cancel(rid))
 
     async def manage(self, op: str, args: dict[str, Any], token: str | None, timeout: float,
                      api: str = protocol.API_MANAGEMENT) -> Reply:
         rid = uuid.uuid4().hex.encode()
-        header = protocol.packb({"id": rid, "op": op, "args": args, "token": token, "api": api})
-        return await self.call(rid, [protocol.MANAGE, header], timeout)
+        return await self.call(rid, protocol.manage(protocol.ManageCall(rid, op, args, token, api)),
+                               timeout)
 
     def close(self) -> None:
         if self._sock is not None:

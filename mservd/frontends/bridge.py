@@ -1,12 +1,10 @@
-"""What the frontends share about the controller: its answer, the ways a call ends without
-one, and the bearer token of a request.
+"""What the frontends share about the controller: the ways a call ends without an answer,
+and the bearer token of a request (HTTP header or gRPC metadata alike).
 
 The line itself is ``async_bridge.py`` (one DEALER socket per frontend process).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 
 class ControllerGone(Exception):
@@ -15,21 +13,6 @@ class ControllerGone(Exception):
 
 class ClientGone(Exception):
     """The HTTP client closed its connection before its answer was ready."""
-
-
-class Reply:
-    """An answer. A streamed one has ``stream``: the bodies of the later parts, final one last;
-    ``status``, ``content_type`` and ``headers`` are then those of the first part."""
-
-    __slots__ = ("body", "content_type", "headers", "status", "stream")
-
-    def __init__(self, status: int, content_type: str, headers: dict[str, str], body: bytes,
-                 stream: Any = None):
-        self.status = status
-        self.content_type = content_type
-        self.headers = headers
-        self.body = body
-        self.stream = stream
 
 
 def bearer_token(authorization: str | None) -> str | None:

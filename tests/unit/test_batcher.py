@@ -12,6 +12,7 @@ class Item:
     name: str
     arrived: float
     deadline: float = 100.0
+    explain: bool = False
 
 
 def test_batcher_sends_a_lone_request_at_once_when_no_worker_is_busy() -> None:
@@ -74,3 +75,12 @@ def test_batcher_removes_what_the_predicate_selects() -> None:
         b.add(Item(name, 0.0))
     assert [i.name for i in b.remove(lambda i: i.name == "b")] == ["b"]
     assert [i.name for i in b.drain()] == ["a", "c"]
+
+
+def test_batcher_never_mixes_explanations_with_predictions() -> None:
+    b = Batcher(batch_size=8, max_batch_delay=0.0, capacity=10)
+    for name, explain in (("p1", False), ("p2", False), ("e1", True), ("p3", False)):
+        b.add(Item(name, 0.0, explain=explain))
+    assert [i.name for i in b.take(now=0.0, any_busy=False)] == ["p1", "p2"]
+    assert [i.name for i in b.take(now=0.0, any_busy=False)] == ["e1"]
+    assert [i.name for i in b.take(now=0.0, any_busy=False)] == ["p3"]

@@ -1,50 +1,90 @@
-"""The wire frames: what goes in comes out, and garbage is a ProtocolError, not a crash."""
+"""The wire frames: every message round-trips through its builder and parser, and garbage is a
+ProtocolError, not a crash."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from mservd import protocol
 
 
-def test_protocol_route_round_trips_with_and_without_a_timeout() -> None:
-    for timeout in (None, 250.0):
-        route = protocol.Route(b"rid", "m", "1.0", "tok", protocol.API_INFERENCE, timeout, 12.5)
-        frames = protocol.predict_frames(route, b"meta", [b"x", b"y"])
+def test_protocol_prediction_round_trips_its_route_and_forwards_the_rest_untouched() -> None:
+    for timeout, explain in ((None, False), (250.0, True)):
+        frames = protocol.prediction(b"rid", "m", "1.0", "tok", protocol.CODEC_V2,
+                                     [("v2", "x")], {"h": "v"}, [b"x"], explain=explain,
+                                     timeout_ms=timeout, sent=12.5)
         assert protocol.kind_of(frames) == protocol.PREDICT
-        assert protocol.parse_route(frames[1]) == route
-        assert frames[2:] == [b"meta", b"x", b"y"]
+        assert protocol.parse_route(frames[1]) == protocol.Route(b"rid", "m", "1.0", "tok",
+                                                                 timeout, explain, 12.5)
+        assert frames[3:] == [b"x"]
 
 
 def test_protocol_route_carries_the_frontends_send_time_on_the_shared_clock() -> None:
-    import time
-
     before = time.monotonic()
-    route = protocol.Route(b"rid", "m", None, None, protocol.API_INFERENCE)
-    sent = protocol.parse_route(protocol.predict_frames(route, b"meta", [])[1]).sent
-    assert before <= sent <= time.monotonic()
+    frames = protocol.prediction(b"rid", "m", None, None, protocol.CODEC_TORCHSERVE, [], {}, [])
+    assert before <= protocol.parse_route(frames[1]).sent <= time.monotonic()
     with pytest.raises(protocol.ProtocolError, match="send time"):
-        protocol.parse_route(protocol.packb([b"r", "m", None, None, "i", None, "soon"]))
+        protocol.parse_route(protocol.packb([b"r", "m", None, None, None, False, "soon"]))
 
 
-def test_protocol_batch_splits_into_requests_by_their_input_counts() -> None:
-    meta_two = protocol.pack_meta([("a", "text/plain"), ("b", "image/png")], {"h": "v"}, False)
-    meta_one = protocol.pack_meta([("body", "application/json")], {}, True)
-    requests = protocol.parse_batch([b"r1", meta_two, b"A", b"B", b"r2", meta_one, b"{}"])
-    assert [(r.rid, r.payloads, r.explain) for r in requests] == [
-        (b"r1", [b"A", b"B"], False), (b"r2", [b"{}"], True)]
-    assert requests[0].inputs == [("a", "text/plain"), ("b", "image/png")]
-    assert requests[0].headers == {"h": "v"}
+def test_protocol_batch_carries_each_requests_codec_inputs_headers_and_explain() -> None:
+    requests = [
+        protocol.Request(b"r1", protocol.CODEC_TORCHSERVE,
+                         [("a", "text/plain"), ("b", "image/png")], {"h": "v"}, [b"A", b"B"]),
+        protocol.Request(b"r2", protocol.CODEC_KSERVE_V1, [("body", "application/json")], {},
+                         [b"{}"], explain=True),
+    ]
+    frames = protocol.batch_of(requests)
+    assert protocol.kind_of(frames) == protocol.BATCH
+    assert protocol.parse_batch(frames[1:]) == requests
+
+
+def test_protocol_controller_batch_forwards_the_predictions_meta_and_payloads() -> None:
+    sent = protocol.prediction(b"r", "m", None, None, protocol.CODEC_TORCHSERVE,
+                               [("body", "text/plain")], {}, [b"hi"], explain=True)
+    route = protocol.parse_route(sent[1])
+    [request] = protocol.parse_batch(protocol.batch([(route.rid, route.explain, sent[2:])])[1:])
+    assert (request.rid, request.explain, request.payloads) == (b"r", True, [b"hi"])
 
 
 @pytest.mark.parametrize("frames", [
-    [b"r1", protocol.pack_meta([("a", "x"), ("b", "y")], {}, False), b"only-one"],
-    [b"r1"],
-    [b"r1", b"\xc1not msgpack"],
+    [protocol.packb([b"r1", False]),
+     protocol.packb(["torchserve", [["a", "x"], ["b", "y"]], {}]), b"only-one"],
+    [protocol.packb([b"r1", False])],
+    [protocol.packb([b"r1", False]), b"\xc1not msgpack"],
+    [protocol.packb([b"r1", False]), protocol.packb(["no-such-codec", [], {}])],
+    [b"r1", protocol.packb(["torchserve", [], {}])],
 ])
 def test_protocol_malformed_batch_is_a_protocol_error(frames) -> None:
     with pytest.raises(protocol.ProtocolError):
         protocol.parse_batch(frames)
+
+
+def test_protocol_results_round_trip_through_done_reply_and_chunk() -> None:
+    results = [protocol.Result(b"a", protocol.head(200, "text/plain", {"x": "1"}), b"A"),
+               protocol.Result(b"b", protocol.head(404), b"{}")]
+    frames = protocol.done(results)
+    assert protocol.parse_done(frames[1:]) == results
+    assert protocol.parse_result(protocol.reply(results[0])[1:]) == results[0]
+    assert protocol.parse_result(protocol.chunk(results[1])[1:]) == results[1]
+    assert protocol.Head.parse(results[0].head) == protocol.Head(200, "text/plain", {"x": "1"})
+    reply = protocol.Reply.from_result(results[0])
+    assert (reply.status, reply.content_type, reply.body) == (200, "text/plain", b"A")
+    with pytest.raises(protocol.ProtocolError):
+        protocol.parse_done([b"a", b"head"])
+
+
+def test_protocol_management_calls_and_worker_reports_round_trip() -> None:
+    call = protocol.ManageCall(b"id", "scale", {"min_worker": 2}, "tok", protocol.API_INFERENCE)
+    assert protocol.parse_manage(protocol.manage(call)[1]) == call
+    failure = protocol.LoadFailure("ImportError: x", "Traceback ...")
+    assert protocol.parse_failed(protocol.failed(failure)[1]) == failure
+    samples = [protocol.Sample("m", 1.5, "ms", "gauge", {"d": "v"})]
+    assert protocol.parse_metrics(protocol.metrics(samples)[1]) == samples
+    with pytest.raises(protocol.ProtocolError, match="id"):
+        protocol.parse_manage(protocol.packb({"op": 1}))
 
 
 def test_protocol_unknown_kind_and_bad_route_are_protocol_errors() -> None:

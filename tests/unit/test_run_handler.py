@@ -199,7 +199,7 @@ def test_run_handler_rejects_a_wrong_number_of_outputs(tmp_path: Path) -> None:
     )
     code, _, err = _run(archive, "x", "y")
     assert code == 1
-    assert "returned 1 outputs for 2 inputs" in err
+    assert "returned 1 outputs for a batch of 2 requests" in err
 
 
 def test_run_handler_reports_a_file_that_is_not_an_archive(tmp_path: Path) -> None:

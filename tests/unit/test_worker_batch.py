@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from handlers.context import Context
-from mservd import kserve_v1, protocol
+from mservd import protocol
 from mservd.worker import run_batch
 
 
@@ -29,20 +29,23 @@ class Deep:
 
 
 def batch(*requests: tuple[bytes, str, bytes]) -> list[bytes]:
-    frames: list[bytes] = []
-    for rid, content_type, body in requests:
-        frames += [rid, protocol.pack_meta([("body", content_type)], {}, False), body]
-    return frames
+    """A BATCH's frames after its kind; a content type "kserve-v1" makes a KServe V1 request."""
+    return protocol.batch_of(
+        protocol.Request(rid, protocol.CODEC_KSERVE_V1, [("body", "application/json")], {},
+                         [body]) if content_type == "kserve-v1" else
+        protocol.Request(rid, protocol.CODEC_TORCHSERVE, [("body", content_type)], {}, [body])
+        for rid, content_type, body in requests)[1:]
 
 
 def answers(done: list[bytes]) -> dict[bytes, tuple[int, object]]:
     """rid -> (status, body): JSON bodies parsed, text ones as str."""
     assert done[0] == protocol.DONE
     out = {}
-    for i in range(1, len(done), 3):
-        status, content_type, _ = protocol.unpack_reply(done[i + 1])
-        body = done[i + 2]
-        out[done[i]] = (status, json.loads(body) if "json" in content_type else body.decode())
+    for result in protocol.parse_done(done[1:]):
+        head = protocol.Head.parse(result.head)
+        body = result.body
+        out[result.rid] = (head.status,
+                           json.loads(body) if "json" in head.content_type else body.decode())
     return out
 
 
@@ -55,7 +58,7 @@ def test_worker_undecodable_request_is_400_and_its_batch_mates_are_computed() ->
         (b"a", "application/json", b'{"x": 1}'),
         (b"deep", "application/json", b"[" * 3000),
         (b"bad-charset", "text/plain; charset=undefined", b"hi"),
-        (b"v1", kserve_v1.CONTENT_TYPE, b"[" * 3000),
+        (b"v1", "kserve-v1", b"[" * 3000),
     ), 1 << 20))
     assert got[b"a"] == (200, {"x": 1})
     assert got[b"deep"][0] == 400
@@ -73,14 +76,28 @@ def test_worker_output_that_cannot_be_encoded_fails_its_own_request_only() -> No
 
 
 def test_worker_names_an_unexpected_decode_failure_by_its_type(monkeypatch) -> None:
-    import mservd.worker as worker
+    import mservd.codecs.torchserve as torchserve
 
     def broken(content_type, body):
         raise KeyError("surprise")
 
-    monkeypatch.setattr(worker, "decode_input", broken)
+    monkeypatch.setattr(torchserve, "decode_input", broken)
     got = answers(run_batch(Echo(), context(), batch(
         (b"a", "application/octet-stream", b"x")), 1 << 20))
     assert got[b"a"][0] == 400
     assert got[b"a"][1]["message"] == ("The request's input cannot be decoded: "
                                        "KeyError: 'surprise'")
+
+
+class ExplainSeen:
+    """Answers whether the handler saw each row as an explanation, as TorchServe shows it."""
+
+    def handle(self, data, context):
+        return [context.get_request_header(i, "explain") or "no" for i in range(len(data))]
+
+
+def test_worker_shows_an_explanation_to_the_handler_as_torchserve_does() -> None:
+    frames = protocol.batch_of([
+        protocol.Request(b"e", protocol.CODEC_TORCHSERVE, [("body", "text/plain")], {}, [b"x"],
+                         explain=True)])[1:]
+    assert answers(run_batch(ExplainSeen(), context(), frames, 1 << 20)) == {b"e": (200, "True")}

@@ -14,7 +14,7 @@ import grpc
 from mservd import protocol
 from mservd.errors import error_message
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.bridge import ControllerGone, Reply
+from mservd.frontends.bridge import ControllerGone, bearer_token
 from mservd.frontends.grpc.errors import status_code
 from mservd.frontends.grpc.generated import (
     inference_pb2,
@@ -22,19 +22,21 @@ from mservd.frontends.grpc.generated import (
     management_pb2,
     management_pb2_grpc,
 )
+from mservd.protocol import Reply
 
 log = logging.getLogger(__name__)
 
 MANAGE_TIMEOUT = 600.0
 
 
-def bearer_token(context: grpc.aio.ServicerContext) -> str | None:
-    """The key of an ``authorization: Bearer <key>`` metadata entry, as over HTTP."""
+def metadata_token(context: grpc.aio.ServicerContext, auth: bool) -> str | None:
+    """The key of an ``authorization: Bearer <key>`` metadata entry, as over HTTP (None when
+    the server checks no tokens)."""
+    if not auth:
+        return None
     for key, value in context.invocation_metadata() or ():
         if key.lower() == "authorization":
-            scheme, _, token = str(value).partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
+            return bearer_token(str(value))
     return None
 
 
@@ -98,13 +100,12 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
                                 "PredictionsRequest.input is empty: send at least one input, "
                                 "e.g. input={'data': b'...'}.")
         rid = str(uuid.uuid4()).encode()
-        route = protocol.Route(rid, request.model_name, request.model_version or None,
-                               bearer_token(context) if self.auth else None,
-                               protocol.API_INFERENCE)
         names = list(request.input)
-        meta = protocol.pack_meta([(n, "application/octet-stream") for n in names],
-                                  forwarded_metadata(context), False)
-        frames = protocol.predict_frames(route, meta, [request.input[n] for n in names])
+        frames = protocol.prediction(
+            rid, request.model_name, request.model_version or None,
+            metadata_token(context, self.auth), protocol.CODEC_TORCHSERVE,
+            [(n, "application/octet-stream") for n in names], forwarded_metadata(context),
+            [request.input[n] for n in names])
         return await ask(context, self.bridge.call(rid, frames, self.reply_timeout, stream))
 
 
@@ -115,7 +116,7 @@ class ManagementAPIs(management_pb2_grpc.ManagementAPIsServiceServicer):
 
     async def _manage(self, op: str, args: dict[str, Any], context) -> Any:
         args = {k: v for k, v in args.items() if v is not None}
-        token = bearer_token(context) if self.auth else None
+        token = metadata_token(context, self.auth)
         reply = await ask(context, self.bridge.manage(op, args, token, MANAGE_TIMEOUT))
         return management_pb2.ManagementResponse(msg=reply.body.decode("utf-8", "replace"))
 

@@ -23,7 +23,7 @@ from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import ControllerGone
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2 as pb
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2_grpc as pb_grpc
-from mservd.frontends.grpc.torchserve import ask, bearer_token, forwarded_metadata
+from mservd.frontends.grpc.torchserve import ask, forwarded_metadata, metadata_token
 from mservd.v2.codec import Tensor, V2Error, decode_response, to_bytes
 from mservd.v2.handling import HEADER_LENGTH, content_type
 
@@ -121,7 +121,7 @@ class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
                                          extensions=EXTENSIONS)
 
     async def _model(self, op: str, request, context) -> dict[str, Any]:
-        token = bearer_token(context) if self.auth else None
+        token = metadata_token(context, self.auth)
         reply = await ask(context, self.bridge.manage(
             op, {"model": request.name, "version": request.version or None}, token, 10.0,
             api=protocol.API_INFERENCE))
@@ -145,12 +145,10 @@ class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except V2Error as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         rid = str(uuid.uuid4()).encode()
-        route = protocol.Route(rid, request.model_name, request.model_version or None,
-                               bearer_token(context) if self.auth else None,
-                               protocol.API_INFERENCE)
-        meta = protocol.pack_meta([("v2", content_type(header_length))],
-                                  forwarded_metadata(context), False)
-        frames = protocol.predict_frames(route, meta, [body])
+        frames = protocol.prediction(
+            rid, request.model_name, request.model_version or None,
+            metadata_token(context, self.auth), protocol.CODEC_V2,
+            [("v2", content_type(header_length))], forwarded_metadata(context), [body])
         reply = await ask(context, self.bridge.call(rid, frames, self.reply_timeout))
         length = reply.headers.get(HEADER_LENGTH)
         try:

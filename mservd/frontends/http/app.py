@@ -18,118 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import os
-import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from mservd import protocol
 from mservd.errors import MservdError, NoWorker
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.bridge import ClientGone, ControllerGone, Reply
+from mservd.frontends.bridge import ClientGone, ControllerGone
 from mservd.frontends.http.access_log import AccessLog
+from mservd.frontends.http.request import JSON, Answer, HttpRequest, error_answer
+from mservd.protocol import Reply
 
 log = logging.getLogger("mservd.frontends.http")
 
 ACCESS_FLUSH = 0.1  # seconds between writes of the access log's buffered lines
 MANAGEMENT_THREADS = 32  # management calls in progress at once per process (each may wait)
-JSON = "application/json"
-
-
-@dataclass(slots=True)
-class Answer:
-    """What a route answers. A streamed answer has ``stream``: the bodies after ``body``."""
-
-    status: int
-    body: bytes
-    content_type: str = JSON
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    stream: AsyncIterator[bytes] | None = None
-    rid: str = "-"  # the request id, for the access log
-
-
-class HttpRequest:
-    """One request as the routes see it: method, path, query, lower-case headers, client."""
-
-    __slots__ = (
-        "client",
-        "headers",
-        "method",
-        "path",
-        "query",
-        "receive",
-        "started",
-        "version",
-        "connection",
-    )
-
-    def __init__(self, scope: dict[str, Any], receive: Callable) -> None:
-        self.started = time.perf_counter()
-        self.method: str = scope["method"]
-        self.path: str = scope["path"]
-        self.query: str = scope["query_string"].decode("latin-1")
-        headers: dict[str, str] = {}
-        for name, value in scope["headers"]:
-            key, text = name.decode("latin-1"), value.decode("latin-1")
-            previous = headers.get(key)
-            headers[key] = text if previous is None else f"{previous}, {text}"
-        self.headers = headers
-        client = scope.get("client")
-        self.client: str = client[0] if client else "-"
-        self.version: str = scope.get("http_version", "1.1")
-        self.receive = receive
-        self.connection = scope.get("mservd.connection")  # arbiter.FrontendProtocol
-
-    @property
-    def target(self) -> str:
-        return f"{self.path}?{self.query}" if self.query else self.path
-
-    async def body(self, limit: int, seconds: float) -> bytes:
-        """The whole body, refused (413) past ``limit`` bytes before more of it is read, and
-        (408) if what follows its first part takes longer than ``seconds``: a body trickled a
-        byte at a time holds no connection for long."""
-        from mservd.errors import BadRequest, RequestTimeout, RequestTooLarge
-
-        length = self.headers.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                raise BadRequest(f"Invalid Content-Length {length!r}.")
-            if int(length) > limit:
-                raise RequestTooLarge(f"Request body of {length} bytes exceeds "
-                                      f"max_request_size ({limit}).")
-        chunks: list[bytes] = []
-        size = 0
-        deadline: float | None = None  # set once a part came and more is to follow
-        while True:
-            if deadline is None:
-                message = await self.receive()
-            else:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        message = await self.receive()
-                except TimeoutError:
-                    raise RequestTimeout(f"The request body did not arrive within {seconds:.0f} "
-                                         "s (frontend_body_timeout).") from None
-            if message["type"] == "http.disconnect":
-                raise ClientGone()
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise RequestTooLarge(f"Request body exceeds max_request_size ({limit}).")
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            if deadline is None:
-                deadline = asyncio.get_running_loop().time() + seconds
-
-    def on_hang_up(self, callback: Callable[[], None] | None) -> None:
-        """Call ``callback`` if the client hangs up before its answer is sent (None: no more)."""
-        if self.connection is not None:
-            self.connection.on_lost = callback
 
 
 class BlockingBridge:
@@ -149,20 +55,6 @@ class BlockingBridge:
             future.cancel()
             raise ControllerGone(f"No answer from the controller within {timeout:.0f} s.") \
                 from None
-
-
-def kserve_shaped(path: str) -> bool:
-    """KServe's routes answer errors as ``{"error": ...}``; TorchServe's as code/type/message."""
-    return path == "/v2" or path.startswith(("/v1/", "/v2/"))
-
-
-def error_answer(path: str, exc: MservdError) -> Answer:
-    headers = list(exc.headers.items())
-    if exc.http_status == 401:
-        headers.append(("WWW-Authenticate", "Bearer"))
-    body = (json.dumps({"error": exc.message}).encode() if kserve_shaped(path)
-            else exc.to_body())
-    return Answer(exc.http_status, body, JSON, headers)
 
 
 class FrontendApp:

@@ -5,25 +5,27 @@
     POST /v1/models/{m}:predict       {"instances": [...]} → {"predictions": [...]}
 
 Like v2, the predict body is forwarded untouched as one PREDICT input; the worker turns each
-instance into a row of the handler's batch (mservd/kserve_v1.py). Errors are ``{"error": ...}``
-(``app.kserve_shaped``).
+instance into a row of the handler's batch (mservd/codecs/kserve_v1.py). Errors are
+``{"error": ...}`` (``request.kserve_shaped``).
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
-from mservd import kserve_v1, protocol
+from mservd import protocol
 from mservd.errors import ResourceNotFound
-from mservd.frontends.http.app import Answer, HttpRequest
-from mservd.frontends.http.inference import forwarded_headers, need_method, relay
+from mservd.frontends.http.gateway import Gateway
+from mservd.frontends.http.request import (
+    Answer,
+    HttpRequest,
+    forwarded_headers,
+    need_method,
+    relay,
+)
 
-if TYPE_CHECKING:
-    from mservd.frontends.http.inference import InferenceRoutes
 
-
-async def answer(routes: InferenceRoutes, request: HttpRequest) -> Answer:
+async def answer(routes: Gateway, request: HttpRequest) -> Answer:
     path = request.path.rstrip("/")
     parts = path.split("/")[1:]  # ["v1", "models", ...]
     token = routes.token(request)
@@ -48,10 +50,10 @@ async def answer(routes: InferenceRoutes, request: HttpRequest) -> Answer:
             need_method(request, "POST")
 
             def frames(rid: bytes, body: bytes) -> list[bytes]:
-                route = protocol.Route(rid, name, None, token, protocol.API_INFERENCE)
-                meta = protocol.pack_meta([("body", kserve_v1.CONTENT_TYPE)],
-                                          forwarded_headers(request.headers), False)
-                return protocol.predict_frames(route, meta, [body])
+                return protocol.prediction(
+                    rid, name, None, token, protocol.CODEC_KSERVE_V1,
+                    [("body", request.headers.get("content-type", ""))],
+                    forwarded_headers(request.headers), [body])
 
             return await routes.forward(request, frames, kserve=True)
     raise ResourceNotFound(f"Requested resource is not found: {request.method} {path}. The "

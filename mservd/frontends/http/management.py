@@ -16,6 +16,7 @@ from archiver import ArchiveError
 from archiver.manifest import validate_model_name, validate_version
 from mservd.errors import BadRequest, MservdError, NoWorker, error_body
 from mservd.frontends.bridge import ControllerGone, bearer_token
+from mservd.frontends.http.request import challenged
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +30,8 @@ def create_management_app(bridge: Any, timeout: float, auth: bool) -> Flask:
     def call(op: str, args: dict[str, Any]) -> Response:
         token = bearer_token(request.headers.get("Authorization")) if auth else None
         reply = bridge.manage(op, args, token, timeout)
-        headers = dict(reply.headers or {})
-        if reply.status == 401:
-            headers["WWW-Authenticate"] = "Bearer"
         return Response(reply.body, status=reply.status, content_type=reply.content_type,
-                        headers=headers)
+                        headers=challenged(reply.status, list(reply.headers.items())))
 
     def names(model: str, version: str | None = None) -> dict[str, Any]:
         try:

@@ -6,7 +6,7 @@ from typing import Any
 
 from mservd.errors import MethodNotAllowed, ResourceNotFound
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.http.app import Answer, HttpRequest
+from mservd.frontends.http.request import Answer, HttpRequest
 
 TIMEOUT = 30.0  # seconds
 

@@ -11,23 +11,27 @@ Routes (``{m}`` a model name, ``/versions/{v}`` optional everywhere a model is n
 
 The frontend never decodes an infer body: it forwards the bytes with a content type that marks
 them as v2 (and carries Inference-Header-Content-Length), and relays the worker's answer as it
-is. Every error is ``{"error": "..."}`` with the status of the failure (``app.kserve_shaped``).
+is. Every error is ``{"error": "..."}`` with the status of the failure
+(``request.kserve_shaped``).
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mservd import __version__, protocol
 from mservd.errors import BadRequest, ResourceNotFound
-from mservd.frontends.http.app import Answer, HttpRequest
-from mservd.frontends.http.inference import forwarded_headers, need_method, relay
+from mservd.frontends.http.gateway import Gateway
+from mservd.frontends.http.request import (
+    Answer,
+    HttpRequest,
+    forwarded_headers,
+    need_method,
+    relay,
+)
 from mservd.v2.handling import HEADER_LENGTH
 from mservd.v2.handling import content_type as v2_content_type
-
-if TYPE_CHECKING:
-    from mservd.frontends.http.inference import InferenceRoutes
 
 SERVER_NAME = "mservd"
 EXTENSIONS = ["binary_tensor_data"]
@@ -41,7 +45,7 @@ def json_answer(status: int, doc: Any) -> Answer:
     return Answer(status, json.dumps(doc).encode())
 
 
-async def answer(routes: InferenceRoutes, request: HttpRequest) -> Answer:
+async def answer(routes: Gateway, request: HttpRequest) -> Answer:
     path = request.path.rstrip("/")
     parts = path.split("/")[1:]  # ["v2", ...]
     if parts == ["v2"]:
@@ -91,7 +95,7 @@ def _model_path(parts: list[str], path: str) -> tuple[str, str | None, str | Non
     return model, version, tail[0] if tail else None
 
 
-async def infer(routes: InferenceRoutes, request: HttpRequest, model: str, version: str | None,
+async def infer(routes: Gateway, request: HttpRequest, model: str, version: str | None,
                 token: str | None) -> Answer:
     header_length = request.headers.get(HEADER_LENGTH.lower())
     length = None
@@ -106,9 +110,8 @@ async def infer(routes: InferenceRoutes, request: HttpRequest, model: str, versi
         if length is not None and not 0 <= length <= len(body):
             raise BadRequest(f"{HEADER_LENGTH} is {length} but the body has {len(body)} "
                              "bytes; send the JSON header's length in bytes.")
-        route = protocol.Route(rid, model, version, token, protocol.API_INFERENCE)
-        meta = protocol.pack_meta([("v2", v2_content_type(length))],
-                                  forwarded_headers(request.headers), False)
-        return protocol.predict_frames(route, meta, [body])
+        return protocol.prediction(rid, model, version, token, protocol.CODEC_V2,
+                                   [("v2", v2_content_type(length))],
+                                   forwarded_headers(request.headers), [body])
 
     return await routes.forward(request, frames, kserve=True)

@@ -2,8 +2,9 @@
 
 As in TorchServe's KServe envelope, each instance becomes one row of the handler's batch, so
 a handler written for ``/predictions`` answers V1 unchanged; the instances' answers are joined
-back into one ``predictions`` list per request. The frontend forwards the body untouched with
-:data:`CONTENT_TYPE`; decoding happens here, in the worker.
+back into one ``predictions`` list per request. The frontend forwards the body untouched;
+decoding happens here, in the worker. Errors are ``{"error": ...}``; an instance's own error
+answers its whole request.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-CONTENT_TYPE = "application/vnd.mservd.kserve-v1+json"
+from mservd import protocol
+from mservd.codecs.base import Call, too_large
 
 
 class V1Error(ValueError):
@@ -43,6 +45,33 @@ def decode_rows(payload: bytes, batch_size: int = 1) -> list[dict[str, Any]]:
     return [{"body": instance, "data": instance} for instance in instances]
 
 
+class KServeV1Codec:
+    def decode(self, request: protocol.Request, context: Any) -> Call:
+        if len(request.payloads) != 1:
+            raise V1Error("A KServe V1 request is one JSON body.")
+        batch_size = context.system_properties.get("batch_size") or 1
+        return Call(decode_rows(request.payloads[0], batch_size))
+
+    def encode(self, call: Call, outputs: list[Any], context: Any,
+               limit: int) -> tuple[bytes, bytes]:
+        from handlers.errors import RequestError
+
+        for item in outputs:
+            if isinstance(item, RequestError):
+                return self.error(item.status, item.type, item.message)
+        try:
+            body = encode_predictions(outputs)
+        except Exception as exc:  # TypeError, ValueError, RecursionError, a tolist() that raises
+            return self.error(500, "InternalServerException",
+                              f"The predictions cannot be encoded: {exc}")
+        if len(body) > limit:
+            return self.error(500, "InternalServerException", too_large(len(body), limit))
+        return protocol.head(200), body
+
+    def error(self, status: int, type_: str, message: str) -> tuple[bytes, bytes]:
+        return protocol.head(status), json.dumps({"error": message}).encode()
+
+
 def encode_predictions(items: list[Any]) -> bytes:
     from mservd.payload import encode_output
 
@@ -56,5 +85,4 @@ def encode_predictions(items: list[Any]) -> bytes:
     return json.dumps({"predictions": predictions}).encode()
 
 
-def error_answer(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()
+CODEC = KServeV1Codec()

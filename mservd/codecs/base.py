@@ -1,0 +1,31 @@
+"""What every codec is: a decoded request (:class:`Call`) and the three functions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mservd import protocol
+
+
+@dataclass(slots=True)
+class Call:
+    """A decoded request: its rows for the handler, where they start in the batch, and what
+    its codec keeps to encode the answer."""
+
+    rows: list[dict[str, Any]]
+    first: int = 0  # the index of its first row in the handler's batch
+    state: Any = field(default=None)
+
+
+class Codec(Protocol):
+    def decode(self, request: protocol.Request, context: Any) -> Call: ...
+
+    def encode(self, call: Call, outputs: list[Any], context: Any,
+               limit: int) -> tuple[bytes, bytes]: ...
+
+    def error(self, status: int, type_: str, message: str) -> tuple[bytes, bytes]: ...
+
+
+def too_large(size: int, limit: int) -> str:
+    return f"Response of {size} bytes exceeds max_response_size ({limit})."

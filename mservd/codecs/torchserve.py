@@ -1,0 +1,55 @@
+"""TorchServe's protocol (``/predictions``, gRPC ``Predictions``): inputs by name, one row.
+
+A row holds each input under its name (a raw HTTP body is ``body``; a form, one input per
+field); values are decoded by their content type (``mservd/payload.py``). The answer is the
+handler's output as its status, content type and headers set it; errors are
+``{"code", "type", "message"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mservd import protocol
+from mservd.codecs.base import Call, too_large
+from mservd.errors import error_body
+from mservd.payload import decode_form, decode_input, encode_output, is_form
+
+log = logging.getLogger("mservd.worker")
+
+
+class TorchServeCodec:
+    def decode(self, request: protocol.Request, context: Any) -> Call:
+        row: dict[str, Any] = {}
+        for (name, input_type), payload in zip(request.inputs, request.payloads):
+            if is_form(input_type):  # one input per field, by field name
+                for field, field_type, data in decode_form(input_type, payload):
+                    row[field] = decode_input(field_type, data)
+            else:
+                row[name] = decode_input(input_type, payload)
+        return Call([row])
+
+    def encode(self, call: Call, outputs: list[Any], context: Any,
+               limit: int) -> tuple[bytes, bytes]:
+        from handlers.errors import RequestError
+
+        item = outputs[0]
+        if isinstance(item, RequestError):
+            return self.error(item.status, item.type, item.message)
+        meta = context.response_meta(call.first)
+        try:
+            body, content_type = encode_output(item, meta.content_type)
+        except Exception as exc:  # TypeError, ValueError, RecursionError, a tolist() that raises
+            message = f"Handler output for request {call.first} cannot be encoded: {exc}"
+            log.error(message)
+            return self.error(500, "InternalServerException", message)
+        if len(body) > limit:
+            return self.error(500, "InternalServerException", too_large(len(body), limit))
+        return protocol.head(meta.status or 200, content_type, meta.headers or None), body
+
+    def error(self, status: int, type_: str, message: str) -> tuple[bytes, bytes]:
+        return protocol.head(status), error_body(status, type_, message)
+
+
+CODEC = TorchServeCodec()

@@ -1,0 +1,106 @@
+"""The one way a prediction of any HTTP protocol reaches the controller and comes back.
+
+:meth:`Gateway.forward`, in order: the door (refused at once when its model is over its limit,
+``shedding.py``), the token (a stranger is refused before a byte of its body is read), the body
+(bounded by ``max_request_size`` and ``frontend_body_timeout``), the PREDICT message the route
+builds with :func:`mservd.protocol.prediction`, the trip to the controller (dropped there if the
+client hangs up while it waits), and what its answer teaches the door. The frontend never
+decodes a payload: the worker does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from mservd import protocol
+from mservd.frontends.async_bridge import AsyncBridge
+from mservd.frontends.http.request import JSON, Answer, HttpRequest, relay
+from mservd.frontends.http.shedding import Door, Shedder
+from mservd.protocol import Reply
+
+log = logging.getLogger("mservd.frontends.http")
+
+RETRY_AFTER = [("Retry-After", "1")]
+CONTROL_TIMEOUT = 10.0  # seconds for ping and metadata questions to the controller
+TOKEN_MEMORY = 5.0  # seconds a token the controller accepted is taken without asking again
+
+#: ``frames(rid, body)``: the PREDICT message of a request once its body has arrived
+FrameBuilder = Callable[[bytes, bytes], list[bytes]]
+
+
+class Gateway:
+    def __init__(self, spec: dict[str, Any], bridge: AsyncBridge,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.bridge = bridge
+        self.auth = bool(spec["auth"])
+        self.max_request_size = int(spec["max_request_size"])
+        self.reply_timeout = float(spec["reply_timeout"])
+        self.body_timeout = float(spec["body_timeout"])
+        self.door = Door(float(spec.get("max_queue_wait_ms", 0)) / 1000.0)
+        self.authorized: dict[str | None, float] = {}  # token -> until when it is taken
+        self.shedder = Shedder(float(spec.get("shed_delay_ms", 0)), loop,
+                               lambda seconds: self.door.tick(seconds, log))
+
+    def token(self, request: HttpRequest) -> str | None:
+        return request.token(self.auth)
+
+    async def ask(self, op: str, args: dict[str, Any], token: str | None) -> Reply:
+        """A question for the controller that is not a prediction (ping, metadata)."""
+        return await self.bridge.manage(op, args, token, CONTROL_TIMEOUT,
+                                        api=protocol.API_INFERENCE)
+
+    async def authorize(self, request: HttpRequest) -> Reply | None:
+        """The controller's refusal of this request's token, asked before its body is read,
+        or None. Tokens it accepted are remembered for TOKEN_MEMORY seconds, so a client's
+        requests pay this once; the controller still checks each prediction itself."""
+        token = self.token(request)
+        now = time.monotonic()
+        if token is not None and self.authorized.get(token, 0.0) > now:
+            return None
+        reply = await self.ask("authorize", {}, token)
+        if reply.status != 200:
+            return reply
+        if len(self.authorized) >= 16:  # keys are few; anything else is stale
+            self.authorized.clear()
+        self.authorized[token] = now + TOKEN_MEMORY
+        return None
+
+    async def forward(self, request: HttpRequest, frames: FrameBuilder, stream: bool = False,
+                      kserve: bool = False) -> Answer:
+        """One prediction through the door to the controller and back; the answer is relayed
+        as it is (``kserve``: errors rewritten to ``{"error": ...}``)."""
+        path = request.path
+        refusal = self.door.refusal(path)
+        if refusal is not None:
+            return Answer(503, refusal, JSON, list(RETRY_AFTER))
+        if self.auth:
+            refused = await self.authorize(request)
+            if refused is not None:
+                return relay(refused, kserve=kserve)
+        limit = self.door.let_in(path)
+        status, retry_after, body = 500, False, b""
+        try:
+            self.shedder.check()
+            payload = await request.body(self.max_request_size, self.body_timeout)
+            rid_text = str(uuid.uuid4())
+            rid = rid_text.encode()
+            message = frames(rid, payload)
+            request.on_hang_up(lambda: self.bridge.cancel(rid))
+            self.shedder.busy += 1
+            try:
+                reply = await self.bridge.call(rid, message, self.reply_timeout, stream=stream)
+            finally:
+                self.shedder.busy -= 1
+            status, body = reply.status, reply.body
+            retry_after = "Retry-After" in (reply.headers or {})
+        finally:
+            self.door.answered(path, limit, status, time.perf_counter() - request.started,
+                               retry_after, body)
+        answer = relay(reply, [("x-request-id", rid_text)], kserve=kserve)
+        answer.rid = rid_text
+        return answer

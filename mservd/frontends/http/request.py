@@ -1,0 +1,174 @@
+"""One HTTP request as the routes see it, its answer, and the helpers every route shares:
+credentials, the headers a handler sees, the client's deadline, and the two error shapes
+(TorchServe's ``{"code", "type", "message"}``, KServe's ``{"error": ...}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mservd.errors import BadRequest, MethodNotAllowed, MservdError, error_message
+from mservd.frontends.bridge import ClientGone, bearer_token
+from mservd.protocol import Reply
+
+JSON = "application/json"
+HEADERS_NOT_FORWARDED = frozenset({"authorization", "cookie"})
+V2_HEADER_LENGTH = "inference-header-content-length"  # v2's binary form: the JSON part's size
+
+
+@dataclass(slots=True)
+class Answer:
+    """What a route answers. A streamed answer has ``stream``: the bodies after ``body``."""
+
+    status: int
+    body: bytes
+    content_type: str = JSON
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    stream: AsyncIterator[bytes] | None = None
+    rid: str = "-"  # the request id, for the access log
+
+
+class HttpRequest:
+    """One request as the routes see it: method, path, query, lower-case headers, client."""
+
+    __slots__ = (
+        "client",
+        "headers",
+        "method",
+        "path",
+        "query",
+        "receive",
+        "started",
+        "version",
+        "connection",
+    )
+
+    def __init__(self, scope: dict[str, Any], receive: Callable) -> None:
+        self.started = time.perf_counter()
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.query: str = scope["query_string"].decode("latin-1")
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            key, text = name.decode("latin-1"), value.decode("latin-1")
+            previous = headers.get(key)
+            headers[key] = text if previous is None else f"{previous}, {text}"
+        self.headers = headers
+        client = scope.get("client")
+        self.client: str = client[0] if client else "-"
+        self.version: str = scope.get("http_version", "1.1")
+        self.receive = receive
+        self.connection = scope.get("mservd.connection")  # arbiter.FrontendProtocol
+
+    @property
+    def target(self) -> str:
+        return f"{self.path}?{self.query}" if self.query else self.path
+
+    async def body(self, limit: int, seconds: float) -> bytes:
+        """The whole body, refused (413) past ``limit`` bytes before more of it is read, and
+        (408) if what follows its first part takes longer than ``seconds``: a body trickled a
+        byte at a time holds no connection for long."""
+        from mservd.errors import BadRequest, RequestTimeout, RequestTooLarge
+
+        length = self.headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                raise BadRequest(f"Invalid Content-Length {length!r}.")
+            if int(length) > limit:
+                raise RequestTooLarge(f"Request body of {length} bytes exceeds "
+                                      f"max_request_size ({limit}).")
+        chunks: list[bytes] = []
+        size = 0
+        deadline: float | None = None  # set once a part came and more is to follow
+        while True:
+            if deadline is None:
+                message = await self.receive()
+            else:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        message = await self.receive()
+                except TimeoutError:
+                    raise RequestTimeout(f"The request body did not arrive within {seconds:.0f} "
+                                         "s (frontend_body_timeout).") from None
+            if message["type"] == "http.disconnect":
+                raise ClientGone()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise RequestTooLarge(f"Request body exceeds max_request_size ({limit}).")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + seconds
+
+    def on_hang_up(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` if the client hangs up before its answer is sent (None: no more)."""
+        if self.connection is not None:
+            self.connection.on_lost = callback
+
+    def token(self, auth: bool) -> str | None:
+        """The request's bearer token when the server checks tokens, else None."""
+        return bearer_token(self.headers.get("authorization")) if auth else None
+
+
+def kserve_shaped(path: str) -> bool:
+    """KServe's routes answer errors as ``{"error": ...}``; TorchServe's as code/type/message."""
+    return path == "/v2" or path.startswith(("/v1/", "/v2/"))
+
+
+def challenged(status: int, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``headers``, with ``WWW-Authenticate: Bearer`` when the answer is a 401 (RFC 6750)."""
+    if status == 401:
+        headers.append(("WWW-Authenticate", "Bearer"))
+    return headers
+
+
+def error_answer(path: str, exc: MservdError) -> Answer:
+    """The answer to an error raised while serving ``path``, in that route's error shape."""
+    body = (json.dumps({"error": exc.message}).encode() if kserve_shaped(path)
+            else exc.to_body())
+    return Answer(exc.http_status, body, JSON,
+                  challenged(exc.http_status, list(exc.headers.items())))
+
+
+def relay(reply: Reply, extra: list[tuple[str, str]] | None = None,
+          kserve: bool = False) -> Answer:
+    """The controller's or worker's answer as it is (``kserve``: errors as ``{"error": ...}``)."""
+    headers = challenged(reply.status, list((reply.headers or {}).items()) + (extra or []))
+    if kserve and reply.status >= 400:
+        kept = [(k, v) for k, v in headers
+                if k.lower() not in ("content-type", "content-length", V2_HEADER_LENGTH)]
+        body = json.dumps({"error": error_message(reply.body)}).encode()
+        return Answer(reply.status, body, JSON, kept)
+    return Answer(reply.status, reply.body, reply.content_type, headers, reply.stream)
+
+
+def need_method(request: HttpRequest, wanted: str) -> None:
+    if request.method != wanted:
+        raise MethodNotAllowed(f"Method {request.method} is not allowed on {request.path}; "
+                               f"use {wanted}.")
+
+
+def forwarded_headers(headers: dict[str, str]) -> dict[str, str]:
+    """The request headers a handler sees (lower-case names), without credentials."""
+    return {name: value for name, value in headers.items() if name not in HEADERS_NOT_FORWARDED}
+
+
+def request_timeout_ms(value: str | None) -> float | None:
+    """The client's own queue deadline from ``X-Request-Timeout-Ms``, if it sent one."""
+    if value is None:
+        return None
+    try:
+        timeout = float(value)
+    except ValueError:
+        raise BadRequest(f"Invalid X-Request-Timeout-Ms {value!r}: give milliseconds, "
+                         "e.g. 250.") from None
+    if timeout < 0:
+        raise BadRequest(f"Invalid X-Request-Timeout-Ms {value!r}: it must not be negative.")
+    return timeout

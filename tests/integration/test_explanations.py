@@ -1,0 +1,44 @@
+"""/explanations: the handler sees TorchServe's explain mark, and an explanation never shares a
+batch with predictions."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, store):
+    from conftest import Daemon
+
+    workdir = tmp_path_factory.mktemp("explain-daemon")
+    daemon = Daemon(workdir, store, {"load_models": "echobatch.mar", "batch_size": 8,
+                                     "max_batch_delay": 500})
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+def test_explanations_and_predictions_queued_together_run_in_separate_batches(daemon) -> None:
+    def call(route: str, i: int) -> dict:
+        answer = requests.post(daemon.url("inference", f"/{route}/echobatch"),
+                               json={"value": f"{route}-{i}"}, timeout=60,
+                               headers=daemon._headers("inference", None))
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    since = daemon.log_end("model_echobatch.log")
+    with ThreadPoolExecutor(9) as pool:
+        # a slow request holds the only worker while the others arrive and queue, mixed
+        busy = pool.submit(daemon.predict, "echobatch", json={"sleep": 1.5})
+        daemon.wait_for_log("model_echobatch.log", "echo sleeping", since)
+        calls = [pool.submit(call, route, i) for i in range(4)
+                 for route in ("predictions", "explanations")]
+        answers = [c.result() for c in calls]
+        assert busy.result().status_code == 200
+    for answer in answers:
+        wanted = "True" if answer["echo"]["value"].startswith("explanations") else None
+        assert answer["explain"] == [wanted] * answer["batch_size"], answer
+    assert max(a["batch_size"] for a in answers) > 1  # they did queue and batch
