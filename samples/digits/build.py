@@ -18,11 +18,13 @@ MODEL_STORE = HERE.parents[1] / "model_store"
 NAME = "digits"
 WEIGHTS = HERE / "digits_cnn.pt"
 LABELS = HERE / "index_to_name.json"
+#: Declares the v2 tensors (``GET /v2/models/digits``); no worker settings.
+CONFIG = HERE / "model-config.yaml"
 
 
 def sources() -> tuple[Path, ...]:
     """What the archive is made of: it is out of date when any of these is newer."""
-    local = (HERE / "build.py", HERE / "digits_model.py", HERE / "digits_handler.py")
+    local = (HERE / "build.py", HERE / "digits_model.py", HERE / "digits_handler.py", CONFIG)
     return local + ((WEIGHTS, LABELS) if WEIGHTS.is_file() and LABELS.is_file() else ())
 
 
@@ -41,6 +43,7 @@ def build(export_path: str | Path = MODEL_STORE) -> Path:
         model_file=HERE / "digits_model.py",
         serialized_file=WEIGHTS,
         extra_files=[LABELS],
+        config_file=CONFIG,
         export_path=export_path,
         force=True,
     )

@@ -22,11 +22,13 @@ HERE = Path(__file__).resolve().parent
 MODEL_STORE = HERE.parents[1] / "model_store"
 NAME = "resnet18"
 SEED = 0
+#: Declares the v2 tensors (``GET /v2/models/resnet18``); no worker settings.
+CONFIG = HERE / "model-config.yaml"
 
 
 def sources() -> tuple[Path, ...]:
     """What the archive is made of: it is out of date when any of these is newer."""
-    return (HERE / "build.py", HERE / "resnet18_model.py")
+    return (HERE / "build.py", HERE / "resnet18_model.py", CONFIG)
 
 
 def build(export_path: str | Path = MODEL_STORE) -> Path:
@@ -53,6 +55,7 @@ def build(export_path: str | Path = MODEL_STORE) -> Path:
             model_file=HERE / "resnet18_model.py",
             serialized_file=weights,
             extra_files=[names],
+            config_file=CONFIG,
             export_path=export_path,
             force=True,
         )

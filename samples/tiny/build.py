@@ -16,11 +16,13 @@ HERE = Path(__file__).resolve().parent
 MODEL_STORE = HERE.parents[1] / "model_store"
 NAME = "tiny"
 SEED = 0
+#: Declares the v2 tensors (``GET /v2/models/tiny``); no worker settings.
+CONFIG = HERE / "model-config.yaml"
 
 
 def sources() -> tuple[Path, ...]:
     """What the archive is made of: it is out of date when any of these is newer."""
-    return (HERE / "build.py", HERE / "tiny_model.py", HERE / "tiny_handler.py")
+    return (HERE / "build.py", HERE / "tiny_model.py", HERE / "tiny_handler.py", CONFIG)
 
 
 def build(export_path: str | Path = MODEL_STORE) -> Path:
@@ -42,6 +44,7 @@ def build(export_path: str | Path = MODEL_STORE) -> Path:
             handler=str(HERE / "tiny_handler.py"),
             model_file=HERE / "tiny_model.py",
             serialized_file=weights,
+            config_file=CONFIG,
             export_path=export_path,
             force=True,
         )
