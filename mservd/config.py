@@ -70,7 +70,8 @@ class ConfigError(Exception):
 Convert = Callable[[Any], Any]
 
 
-def _to_int(value: Any) -> int:
+def to_int(value: Any) -> int:
+    """An integer setting or parameter: an int, or its decimal text."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -95,7 +96,8 @@ def _to_float(value: Any) -> float:
     return result
 
 
-def _to_bool(value: Any) -> bool:
+def to_bool(value: Any) -> bool:
+    """A boolean setting or parameter, one spelling everywhere: true or false, any case."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
@@ -152,9 +154,9 @@ def _converter_for(hint: Any) -> Convert:
         (inner,) = [a for a in args if a is not type(None)]
         return _optional(_converter_for(inner))
     if hint is bool:
-        return _to_bool
+        return to_bool
     if hint is int:
-        return _to_int
+        return to_int
     if hint is float:
         return _to_float
     if hint is str:
@@ -855,7 +857,7 @@ def load(
     switch = environ.get("TS_ENABLE_ENVVARS_CONFIG")
     if switch is not None:
         try:
-            envvars_on = _to_bool(switch)
+            envvars_on = to_bool(switch)
         except ValueError:
             pass  # reported below, with the other TS_ variables
     if envvars_on or switch is not None:
@@ -919,7 +921,7 @@ def _device_ids(value: Any) -> tuple[int, ...]:
     bad = f"{value!r} is not a list of GPU ids"
     if isinstance(items, (list, tuple)):
         try:
-            ids = tuple(_to_int(item) for item in items)
+            ids = tuple(to_int(item) for item in items)
         except ValueError:
             raise ValueError(bad) from None
         if any(i < 0 for i in ids):
@@ -928,24 +930,24 @@ def _device_ids(value: Any) -> tuple[int, ...]:
     raise ValueError(bad)
 
 
-_WORKERS = _chain(_to_int, _at_least(0))
+_WORKERS = _chain(to_int, _at_least(0))
 
 # camelCase key of model-config.yaml and the models= block → (ModelSettings field, converter)
 _MODEL_YAML_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
     {
         "minWorkers": ("min_workers", _WORKERS),
         "maxWorkers": ("max_workers", _WORKERS),
-        "batchSize": ("batch_size", _chain(_to_int, _at_least(1))),
-        "maxBatchDelay": ("max_batch_delay", _chain(_to_int, _at_least(0))),
-        "responseTimeout": ("response_timeout", _chain(_to_int, _above(0))),
-        "startupTimeout": ("startup_timeout", _chain(_to_int, _above(0))),
-        "jobQueueSize": ("job_queue_size", _chain(_to_int, _at_least(1))),
+        "batchSize": ("batch_size", _chain(to_int, _at_least(1))),
+        "maxBatchDelay": ("max_batch_delay", _chain(to_int, _at_least(0))),
+        "responseTimeout": ("response_timeout", _chain(to_int, _above(0))),
+        "startupTimeout": ("startup_timeout", _chain(to_int, _above(0))),
+        "jobQueueSize": ("job_queue_size", _chain(to_int, _at_least(1))),
         "deviceType": ("device_type", _device_type),
         "deviceIds": ("device_ids", _device_ids),
     }
 )
 _MODELS_BLOCK_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
-    {**_MODEL_YAML_KEYS, "defaultVersion": ("default_version", _to_bool)}
+    {**_MODEL_YAML_KEYS, "defaultVersion": ("default_version", to_bool)}
 )
 # the management API's query names (register and scale-workers calls)
 _API_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
@@ -953,10 +955,10 @@ _API_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
         "min_worker": ("min_workers", _WORKERS),
         "max_worker": ("max_workers", _WORKERS),
         "initial_workers": ("min_workers", _WORKERS),
-        "batch_size": ("batch_size", _chain(_to_int, _at_least(1))),
-        "max_batch_delay": ("max_batch_delay", _chain(_to_int, _at_least(0))),
-        "response_timeout": ("response_timeout", _chain(_to_int, _above(0))),
-        "startup_timeout": ("startup_timeout", _chain(_to_int, _above(0))),
+        "batch_size": ("batch_size", _chain(to_int, _at_least(1))),
+        "max_batch_delay": ("max_batch_delay", _chain(to_int, _at_least(0))),
+        "response_timeout": ("response_timeout", _chain(to_int, _above(0))),
+        "startup_timeout": ("startup_timeout", _chain(to_int, _above(0))),
     }
 )
 

@@ -31,11 +31,13 @@ from mservd.errors import (
     WorkerDied,
     error_body,
 )
+from mservd.management import Management
 from mservd.metrics import Metrics
-from mservd.registry import ModelVersion, Registry
 from mservd.protocol import Reply
+from mservd.registry import ModelVersion, Registry
+from mservd.supervisor import Supervisor
 from mservd.waiter import Waiter
-from mservd.supervisor import Supervisor, Worker, WorkerState
+from mservd.worker_handle import Worker, WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -105,15 +107,12 @@ class Controller:
         self.loading: set[tuple[str, str]] = set()
         self.retired: list[ModelVersion] = []
         self.startup_pending = 0
-        self.startup_failures: dict[str, str] = {}
         self.stopping = False
         self.stop_deadline = 0.0
         self._last_maintenance = 0.0
         self.on_stopped: Callable[[], None] | None = None
         self.metrics = Metrics()
-        from mservd.management import Management  # one module per job: the management verbs
-
-        self.management = Management(self)
+        self.management = Management(self)  # the management verbs, on a narrow view of this
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self.zctx.socket(kind)
@@ -225,7 +224,7 @@ class Controller:
             if self.keys is not None:
                 self.keys.check(INFERENCE, route.token)
             mv = self.registry.get(route.model, route.version)
-            if not any(w.is_ready for w in mv.workers.values()):
+            if not any(w.is_serving for w in mv.workers.values()):
                 raise NoWorker(f"No worker is available to serve model: {mv.name} "
                                f"version: {mv.version}. Check its workers with "
                                f"GET /models/{mv.name}/{mv.version}.")
@@ -426,7 +425,7 @@ class Controller:
     def _retry_or_fail(self, mv: ModelVersion, pending: Pending) -> None:
         """A dead worker's request runs once more on another worker, else gets 'Worker died.'"""
         if not pending.retried and self.registry.has_version(mv.name, mv.version) and any(
-            w.is_ready for w in mv.workers.values()
+            w.is_serving for w in mv.workers.values()
         ):
             pending.retried = True
             mv.batcher.push_front(pending)

@@ -101,11 +101,6 @@ class QueueFull(MservdError):
     type = "QueueFullException"
 
 
-class ShuttingDown(MservdError):
-    http_status = 503
-    type = "ServiceUnavailableException"
-
-
 class DeadlineExceeded(MservdError):
     http_status = 504
     type = "RequestTimeoutException"
@@ -118,7 +113,3 @@ class WorkerDied(MservdError):
     def __init__(self, message: str = "Worker died.") -> None:
         super().__init__(message)
 
-
-class ModelLoadFailed(MservdError):
-    http_status = 500
-    type = "InternalServerException"

@@ -13,6 +13,9 @@ import signal
 
 _PR_SET_PDEATHSIG = 1
 
+#: A worker's exit code when its model cannot load: the supervisor then backs off or gives up.
+EXIT_LOAD_FAILED = 3
+
 
 def die_with_parent(sig: int = signal.SIGKILL) -> int:
     """Ask for ``sig`` when the parent exits; returns the parent's pid at the time of asking."""

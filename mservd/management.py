@@ -17,12 +17,12 @@ import urllib.request
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import archiver
 from archiver import ArchiveError, UnpackLimits
 from archiver.manifest import validate_model_name, validate_version
-from mservd.config import ConfigError, read_model_yaml, resolve_model_settings
+from mservd.config import ConfigError, read_model_yaml, resolve_model_settings, to_bool, to_int
 from mservd.errors import (
     BadRequest,
     Conflict,
@@ -31,12 +31,37 @@ from mservd.errors import (
     MservdError,
     ResourceNotFound,
 )
-from mservd.registry import ModelVersion
 from mservd.protocol import Reply
+from mservd.registry import ModelVersion
 from mservd.waiter import Waiter
 
 if TYPE_CHECKING:
-    from mservd.controller import Controller
+    from mservd.auth import KeyStore
+    from mservd.metrics import Metrics
+    from mservd.registry import Registry
+    from mservd.supervisor import Supervisor
+
+
+class ModelService(Protocol):
+    """What the management verbs may use of the controller, and nothing more."""
+
+    registry: Registry
+    supervisor: Supervisor
+    keys: KeyStore | None
+    metrics: Metrics
+
+    def submit(self, fn: Callable[..., Any], done: Callable[[Future], None],
+               *args: Any) -> None: ...
+
+    def wait_for(self, waiter: Waiter) -> None: ...
+
+    def retire(self, mv: ModelVersion) -> None: ...
+
+    def reconcile_pools(self, now: float) -> None: ...
+
+    def registry_changed(self) -> None: ...
+
+    def healthy(self) -> bool: ...
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +99,10 @@ class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
 def _flag(value: Any, default: bool) -> bool:
     if value is None or value == "":
         return default
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise BadRequest(f"Invalid boolean {value!r}: use true or false.")
+    try:
+        return to_bool(value)
+    except ValueError:
+        raise BadRequest(f"Invalid boolean {value!r}: use true or false.") from None
 
 
 def _int(args: dict[str, Any], key: str, default: int | None = None) -> int | None:
@@ -89,13 +110,13 @@ def _int(args: dict[str, Any], key: str, default: int | None = None) -> int | No
     if value is None or value == "":
         return default
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        return to_int(value)
+    except ValueError:
         raise BadRequest(f"Parameter {key} must be an integer, got {value!r}.") from None
 
 
 class Management:
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: ModelService) -> None:
         self.ctl = controller
         self.settings = controller.settings
         self.store = Path(self.settings.model_store).resolve() if self.settings.model_store else None
@@ -351,7 +372,7 @@ class Management:
                                    "message": f"Model {mv.name} version {mv.version} was "
                                               "unregistered while scaling."})
             workers = list(mv.workers.values())
-            if len(workers) == mv.target_workers and all(w.is_ready for w in workers):
+            if len(workers) == mv.target_workers and all(w.is_serving for w in workers):
                 return Reply(200, {"status": f"Workers scaled to {mv.target_workers} for model: "
                                              f"{mv.name}"})
             if self.ctl.supervisor.is_failed(mv):
@@ -390,25 +411,19 @@ class Management:
             workers.append({
                 "id": worker.id,
                 "startTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(worker.started)) + "Z",
-                "status": "READY" if worker.is_ready else (
+                "status": "READY" if worker.is_serving else (
                     "STOPPING" if worker.stop_requested else worker.state.value),
                 "memoryUsage": memory,
                 "pid": worker.pid,
                 "gpu": worker.gpu_id is not None,
                 "gpuUsage": f"gpuId::{worker.gpu_id}" if worker.gpu_id is not None else "N/A",
             })
-        s = mv.settings
         out = {
             "modelName": mv.name,
             "modelVersion": mv.version,
             "modelUrl": mv.url,
             "runtime": mv.manifest.get("runtime", "python"),
-            "minWorkers": mv.target_workers,
-            "maxWorkers": mv.max_workers,
-            "batchSize": s.batch_size,
-            "maxBatchDelay": s.max_batch_delay,
-            "responseTimeout": s.response_timeout,
-            "startupTimeout": s.startup_timeout,
+            **mv.settings_document(),
             "loadedAtStartup": mv.loaded_at_startup,
             "isDefault": self.ctl.registry.default_version(mv.name) == mv.version,
             "workers": workers,
@@ -467,7 +482,7 @@ class Management:
     def op_metrics(self, args: dict[str, Any], respond: Respond):
         from mservd.metrics import CONTENT_TYPE
 
-        return Reply(200, self.ctl.metrics.render(self.ctl), content_type=CONTENT_TYPE)
+        return Reply(200, self.ctl.metrics.render(self.ctl.registry), content_type=CONTENT_TYPE)
 
     # -- Open Inference Protocol v2: readiness and metadata (docs/v2.md) -------------------
 

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from mservd import protocol
 
 if TYPE_CHECKING:
-    from mservd.controller import Controller
+    from mservd.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -125,14 +125,14 @@ class Metrics:
             else:
                 child.set(float(value))
 
-    def render(self, ctl: Controller) -> bytes:
+    def render(self, registry: Registry) -> bytes:
         """The text for ``GET /metrics``: state gauges are read now."""
         import psutil
 
         self.pending.clear()
         self.live.clear()
         self.memory.clear()
-        for mv in ctl.registry.all_versions():
+        for mv in registry.all_versions():
             self.pending.labels(mv.name, mv.version).set(len(mv.batcher))
             self.live.labels(mv.name, mv.version).set(mv.live_count())
             for worker in mv.workers.values():

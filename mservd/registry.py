@@ -16,7 +16,7 @@ from mservd.errors import Forbidden, ModelNotFound
 
 if TYPE_CHECKING:
     from mservd.config import ModelSettings
-    from mservd.supervisor import Worker
+    from mservd.worker_handle import Worker
 
 
 @dataclass
@@ -53,11 +53,16 @@ class ModelVersion:
     def handler(self) -> str:
         return (self.manifest.get("model") or {}).get("handler") or ""
 
-    def ready_workers(self) -> list[Worker]:
-        return [w for w in self.workers.values() if w.is_ready]
+    def settings_document(self) -> dict[str, Any]:
+        """Its settings under TorchServe's camelCase names, as describe and snapshots show them
+        (model-config.yaml spells them the same way)."""
+        s = self.settings
+        return {"minWorkers": self.target_workers, "maxWorkers": self.max_workers,
+                "batchSize": s.batch_size, "maxBatchDelay": s.max_batch_delay,
+                "responseTimeout": s.response_timeout, "startupTimeout": s.startup_timeout}
 
     def live_count(self) -> int:
-        return sum(1 for w in self.workers.values() if w.is_ready)
+        return sum(1 for w in self.workers.values() if w.is_serving)
 
 
 @dataclass

@@ -35,17 +35,8 @@ def capture(registry: Registry) -> dict[str, Any]:
     for name in registry.names():
         versions = {}
         for mv in registry.versions(name):
-            s = mv.settings
-            versions[mv.version] = {
-                "url": mv.url,
-                "handler": mv.handler,
-                "minWorkers": mv.target_workers,
-                "maxWorkers": mv.max_workers,
-                "batchSize": s.batch_size,
-                "maxBatchDelay": s.max_batch_delay,
-                "responseTimeout": s.response_timeout,
-                "startupTimeout": s.startup_timeout,
-            }
+            versions[mv.version] = {"url": mv.url, "handler": mv.handler,
+                                    **mv.settings_document()}
         models[name] = {"defaultVersion": registry.default_version(name), "versions": versions}
     return {"created": dt.datetime.now(dt.timezone.utc).isoformat(), "models": models}
 

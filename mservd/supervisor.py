@@ -9,60 +9,21 @@ a share of the CPU cores) and sends its stdout and stderr to the model's log fil
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import signal
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from mservd.zygote import Child, Zygote
+from mservd.lifeline import EXIT_LOAD_FAILED
+from mservd.worker_handle import Worker, WorkerState
+from mservd.zygote import Zygote
 
 if TYPE_CHECKING:
     from mservd.registry import ModelVersion
 
 log = logging.getLogger(__name__)
-
-EXIT_LOAD_FAILED = 3
-
-
-class WorkerState(enum.Enum):
-    STARTING = "STARTING"
-    IDLE = "READY"
-    BUSY = "BUSY"
-    STOPPING = "STOPPING"
-
-
-@dataclass(eq=False)
-class Worker:
-    id: str
-    model: str
-    version: str
-    proc: Child
-    gpu_id: int | None
-    started: float = field(default_factory=time.time)
-    spawned_at: float = field(default_factory=time.monotonic)
-    state: WorkerState = WorkerState.STARTING
-    batch: dict[bytes, Any] = field(default_factory=dict)
-    batch_deadline: float = 0.0
-    batch_started: float = 0.0
-    stop_requested: bool = False
-    mv: Any = None  # the ModelVersion served; set by spawn_worker
-
-    @property
-    def identity(self) -> bytes:
-        return self.id.encode()
-
-    @property
-    def pid(self) -> int | None:
-        """None until the zygote has forked it (it may still be importing torch)."""
-        return self.proc.pid
-
-    @property
-    def is_ready(self) -> bool:
-        return self.state in (WorkerState.IDLE, WorkerState.BUSY) and not self.stop_requested
 
 
 def backoff_delay(failures: int) -> float:

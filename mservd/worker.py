@@ -26,14 +26,12 @@ import zmq
 from mservd import protocol
 from mservd.codecs import CODECS, Call, Codec
 from mservd.codecs.kserve_v1 import V1Error
-from mservd.lifeline import die_with_parent, parent_changed
+from mservd.lifeline import EXIT_LOAD_FAILED, die_with_parent, parent_changed
 from mservd.log_format import formatter, log_to_stderr
 from mservd.payload import InputError
 from mservd.v2.codec import V2Error
 
 log = logging.getLogger("mservd.worker")
-
-EXIT_LOAD_FAILED = 3
 POLL_MS = 1000
 METRICS_INTERVAL = 1.0  # seconds between shipments of handler metrics to the controller
 

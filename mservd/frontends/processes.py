@@ -127,7 +127,7 @@ class Frontends:
             "max_request_size": settings.max_request_size,
             "max_response_size": settings.max_response_size,
             "reply_timeout": reply_timeout,
-            "graceful_timeout": settings.drain_timeout,
+            "drain_timeout": settings.drain_timeout,
             "log_level": settings.log_level,
             "log_format": settings.log_format,
         }

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import requests
 
-from mservd.frontends.http.openapi import has_v2, inference_api, management_api
+from mservd.frontends.http.openapi import inference_api, management_api
 
 MAX_EXAMPLES = 25
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
@@ -113,7 +113,7 @@ def test_openapi_documents_are_valid_openapi_3(make) -> None:
 
 
 def test_inference_description_lists_exactly_the_inference_routes() -> None:
-    expected = INFERENCE_ROUTES | (V2_ROUTES if has_v2() else set())
+    expected = INFERENCE_ROUTES | V2_ROUTES
     assert operations(inference_api()) == expected
 
 

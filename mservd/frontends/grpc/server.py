@@ -7,7 +7,7 @@ endpoint. Two grpc.aio servers on 127.0.0.1: the inference port serves
 ``ports_file`` (atomically) so the daemon can put them in its state file.
 
 Run as ``python -m mservd.frontends.grpc.server SPEC_JSON``; the daemon writes the spec. TERM
-stops it after in-flight calls finish (up to ``graceful_timeout``).
+stops it after in-flight calls finish (up to ``drain_timeout``).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ async def serve(spec: dict[str, Any]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    grace = float(spec.get("graceful_timeout", 10))
+    grace = float(spec.get("drain_timeout", 10))
     log.info("gRPC frontend stopping (up to %.0f s for calls in flight)", grace)
     await asyncio.gather(inference.stop(grace), management.stop(grace))
     bridge.close()

@@ -13,7 +13,6 @@ As in TorchServe, the descriptions themselves need no token.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from mservd import __version__
@@ -387,11 +386,6 @@ def _kserve_v1_paths() -> dict[str, Any]:
     }
 
 
-def has_v2() -> bool:
-    """Whether the Open Inference Protocol v2 REST routes are installed."""
-    return importlib.util.find_spec("mservd.frontends.http.v2") is not None
-
-
 def inference_api() -> dict[str, Any]:
     """The OpenAPI 3 document of the inference address."""
     paths = {**_description_paths(), **_inference_paths()}
@@ -402,11 +396,9 @@ def inference_api() -> dict[str, Any]:
                    "registered models, and health. Errors are {code, type, message}; KServe's "
                    "V1 routes (/v1/models...) answer errors as {error}.")
     paths.update(_kserve_v1_paths())
-    if has_v2():
-        paths.update(_v2_paths())
-        schemas.update(_V2_SCHEMAS)
-        description += (" The Open Inference Protocol v2 routes (/v2/...) answer errors as "
-                        "{error}.")
+    paths.update(_v2_paths())
+    schemas.update(_V2_SCHEMAS)
+    description += " The Open Inference Protocol v2 routes (/v2/...) answer errors as {error}."
     return _document("mservd inference API", description, paths, schemas)
 
 
@@ -586,4 +578,4 @@ def management_api() -> dict[str, Any]:
         {**_description_paths(), **_management_paths()}, dict(_MANAGEMENT_SCHEMAS))
 
 
-__all__ = ["has_v2", "inference_api", "management_api"]
+__all__ = ["inference_api", "management_api"]
