@@ -14,6 +14,7 @@ import os
 import secrets
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mservd.errors import BadRequest, Unauthorized
@@ -28,11 +29,19 @@ def _new_key() -> str:
 
 
 class KeyStore:
-    def __init__(self, path: Path, expiration_min: float) -> None:
+    """The keys and their expiry times.
+
+    :param clock: seconds since the epoch, read for every expiry decision; a test passes a fake
+        one so that a key expires without real waiting.
+    """
+
+    def __init__(self, path: Path, expiration_min: float,
+                 clock: Callable[[], float] = time.time) -> None:
         self.path = path
         self.lifetime = expiration_min * 60.0
+        self.clock = clock
         self.keys: dict[str, str] = {INFERENCE: _new_key(), MANAGEMENT: _new_key(), API: _new_key()}
-        now = time.time()
+        now = self.clock()
         self.expires: dict[str, float] = {INFERENCE: now + self.lifetime,
                                           MANAGEMENT: now + self.lifetime}
         self.write()
@@ -45,7 +54,7 @@ class KeyStore:
         if not hmac.compare_digest(token.encode(), self.keys[api].encode()):
             raise Unauthorized(f"Token authorization failed: the token is not the {api} key.")
         expiry = self.expires.get(api)
-        if expiry is not None and time.time() > expiry:
+        if expiry is not None and self.clock() > expiry:
             raise Unauthorized(f"Token authorization failed: the {api} key has expired. "
                                "Rotate it with GET /token?type=" + api)
 
@@ -55,7 +64,7 @@ class KeyStore:
         if kind not in (INFERENCE, MANAGEMENT):
             raise BadRequest(f"Unknown token type {kind!r}; use 'inference' or 'management'.")
         self.keys[kind] = _new_key()
-        self.expires[kind] = time.time() + self.lifetime
+        self.expires[kind] = self.clock() + self.lifetime
         self.write()
         return self.keys[kind]
 

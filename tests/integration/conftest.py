@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,15 +105,15 @@ class Daemon:
                  str(self.config), "--log-dir", str(self.log_dir), *self.args],
                 cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, env={k: v for k, v in os.environ.items() if k != "PORT"})
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if state_file.exists():
-                self.state = json.loads(state_file.read_text())
-                return self
-            if self.proc.poll() is not None:
+
+        def ready() -> bool:
+            if not state_file.exists() and self.proc.poll() is not None:
                 pytest.fail(f"mservd exited with {self.proc.returncode}:\n{self.logs()}")
-            time.sleep(0.1)
-        pytest.fail(f"mservd was not ready within {START_TIMEOUT} s:\n{self.logs()}")
+            return state_file.exists()
+
+        wait_until(ready, START_TIMEOUT, "mservd to write its state file", details=self.logs)
+        self.state = json.loads(state_file.read_text())
+        return self
 
     def logs(self) -> str:
         parts = []
@@ -123,6 +124,37 @@ class Daemon:
         for path in sorted(self.log_dir.glob("model_*.log")):
             parts.append(f"--- {path.name}\n" + path.read_text(errors="replace")[-3000:])
         return "\n".join(parts)
+
+    def log_end(self, name: str) -> int:
+        """The size of ``logs/<name>`` now: a mark to read what is written after it."""
+        try:
+            return (self.log_dir / name).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def read_log(self, name: str, since: int = 0) -> str:
+        """The text of ``logs/<name>`` from the byte offset ``since`` ('' while it is absent)."""
+        try:
+            with open(self.log_dir / name, "rb") as handle:
+                handle.seek(since)
+                return handle.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_for_log(self, name: str, text: str, since: int = 0, timeout: float = 30) -> None:
+        """Wait until ``text`` is in ``logs/<name>`` after the mark ``since``."""
+        wait_until(lambda: text in self.read_log(name, since), timeout,
+                   f"{text!r} in logs/{name}", details=self.logs)
+
+    def metrics(self) -> dict[str, float]:
+        """The metrics port's samples, by name with labels: ``{'m{l="v"}': 1.0}``."""
+        text = requests.get(self.url("metrics", "/metrics"), timeout=10).text
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                values[name] = float(value)
+        return values
 
     # -- addresses and keys -----------------------------------------------------------
 
@@ -231,12 +263,21 @@ def http_workers(daemon: Daemon) -> list[psutil.Process]:
         return []
 
 
-def wait_until(predicate, timeout: float, what: str):
-    """Poll ``predicate`` every 0.1 s until it is truthy; fail the test after ``timeout``."""
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1,
+               details: Callable[[], str] | None = None) -> Any:
+    """Poll ``predicate`` every ``interval`` seconds until it returns something truthy, and
+    return that; fail the test after ``timeout`` seconds, saying what it waited for (and
+    ``details()``, such as the daemon's logs).
+
+    Tests wait on a condition like this, never on a fixed sleep: a sleep is too short on a
+    loaded machine and too long everywhere else."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
         if value:
             return value
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    extra = f"\n{details()}" if details is not None else ""
+    pytest.fail(f"timed out after {timeout} s waiting for {what}{extra}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -32,8 +31,9 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(daemon) ->
 
     with ThreadPoolExecutor(33) as pool:
         # a slow request keeps the only worker busy while the 32 arrive and queue
+        mark = daemon.log_end("model_echobatch.log")
         busy = pool.submit(daemon.predict, "echobatch", json={"sleep": 1.5})
-        time.sleep(0.3)
+        daemon.wait_for_log("model_echobatch.log", "echo sleeping", since=mark)
         results = list(pool.map(one, range(32)))
         assert busy.result().status_code == 200
     assert [r["echo"]["value"] for r in results] == [f"req-{i}" for i in range(32)]
@@ -54,7 +54,7 @@ def test_a_lone_request_does_not_wait_out_the_batch_delay(daemon) -> None:
     # echobatch waits up to 2 s for batch-mates, but only while a worker is busy
     answer = daemon.predict("echobatch", json={"value": "alone"})
     assert answer.status_code == 200
-    assert answer.elapsed.total_seconds() < 1.5
+    assert answer.elapsed.total_seconds() < 2.0  # waiting out the delay takes 2 s at least
     assert answer.json()["batch_size"] == 1
 
 

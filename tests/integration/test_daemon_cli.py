@@ -6,11 +6,13 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
+from conftest import wait_until
+
+ECHO = '{model_name="echo",model_version="1.0"}'
 
 
 def mservd(*args: str, cwd: Path, timeout: float = 200) -> subprocess.CompletedProcess:
@@ -101,7 +103,8 @@ def test_stop_while_requests_are_in_flight_answers_every_one(daemon_factory) -> 
 
     with ThreadPoolExecutor(12) as pool:
         futures = [pool.submit(slow, i) for i in range(12)]
-        time.sleep(0.8)  # all accepted and queued or running
+        wait_until(lambda: daemon.metrics().get(f"ts_inference_requests_total{ECHO}") == 12,
+                   30, "all 12 requests to be accepted into echo's queue", details=daemon.logs)
         daemon.proc.send_signal(signal.SIGTERM)
         answers = [f.result() for f in futures]
     assert [a.status_code for a in answers] == [200] * 12

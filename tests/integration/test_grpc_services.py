@@ -4,13 +4,13 @@ InferenceAPIsService / ManagementAPIsService with stubs generated from TorchServ
 from __future__ import annotations
 
 import json
-import time
 
 import grpc
 import numpy as np
 import pytest
 
 tritongrpc = pytest.importorskip("tritonclient.grpc")
+from conftest import wait_until
 from test_v2_http import tiny_input, v2_archives
 from tritonclient.utils import InferenceServerException
 
@@ -79,7 +79,7 @@ def test_grpc_v2_infer_int64_and_bytes_match_predictions(daemon, client, auth) -
     assert response.model_version == "2.0" and response.id == "r-1"
 
 
-def test_grpc_v2_concurrent_requests_are_batched(client, auth) -> None:
+def test_grpc_v2_concurrent_requests_are_batched(daemon, client, auth) -> None:
     def send(i: int, word: str, done: list):
         a = tritongrpc.InferInput("NUMBERS", [1], "INT64")
         a.set_data_from_numpy(np.array([i], dtype=np.int64))
@@ -89,13 +89,12 @@ def test_grpc_v2_concurrent_requests_are_batched(client, auth) -> None:
                            headers=dict(auth))
 
     done: list = []
-    send(-1, "slow", done)
-    time.sleep(0.3)
+    mark = daemon.log_end("model_v2typed.log")
+    send(-1, "slow", done)  # keeps the only worker busy while the others queue
+    daemon.wait_for_log("model_v2typed.log", "v2typed sleeping", since=mark)
     for i in range(12):
         send(i, f"g{i}", done)
-    deadline = time.monotonic() + 60
-    while len(done) < 13 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(done) >= 13, 60, "13 answers", details=daemon.logs)
     assert len(done) == 13 and all(e is None for _, _, e in done), [e for *_, e in done if e]
     by_id = {i: r for i, r, _ in done}
     for i in range(12):

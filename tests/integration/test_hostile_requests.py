@@ -130,7 +130,9 @@ def closed_by_server(sock, within: float) -> bool:
 
 
 def trickle(daemon, sock, seconds: int) -> None:
-    """A byte a second on ``sock`` until the server hangs up, the model answering meanwhile."""
+    """A byte a second on ``sock`` until the server hangs up, the model answering meanwhile.
+
+    The pause is the attack's pace (a slow client), not a wait for the server."""
     import time
 
     for _ in range(seconds):
@@ -163,7 +165,8 @@ def test_headers_trickled_past_the_deadline_get_408_and_the_connection_closes(st
         status, data = read_head(sock)
         assert closed_by_server(sock, 5)
     assert status == 408 and b'"code": 408' in data
-    assert time.monotonic() - started < 8
+    # the 2 s header deadline answers it (our socket would give up only after 30 s)
+    assert time.monotonic() - started < 20
 
 
 def test_an_inference_flood_leaves_management_and_metrics_answering(strict) -> None:
@@ -311,4 +314,5 @@ def test_a_body_trickled_past_its_deadline_gets_408_and_the_connection_closes(st
         status, data = read_head(sock)
         assert closed_by_server(sock, 5)
     assert status == 408 and b'"type": "RequestTimeout"' in data
-    assert time.monotonic() - started < 10
+    # the 2 s body deadline answers it (our socket would give up only after 30 s)
+    assert time.monotonic() - started < 20

@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -140,15 +139,17 @@ def kserve_daemon(tmp_path: Path, store: Path):
 
 
 def wait_for_state(info: dict) -> dict:
+    from conftest import wait_until
+
     state_file = info["workdir"] / "logs" / "mservd.state.json"
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if state_file.exists():
-            return json.loads(state_file.read_text())
-        if info["proc"].poll() is not None:
+
+    def ready() -> bool:
+        if not state_file.exists() and info["proc"].poll() is not None:
             pytest.fail(f"mservd exited with {info['proc'].returncode}:\n{info['logs']()}")
-        time.sleep(0.1)
-    pytest.fail(f"mservd was not ready within {START_TIMEOUT} s:\n{info['logs']()}")
+        return state_file.exists()
+
+    wait_until(ready, START_TIMEOUT, "mservd to write its state file", details=info["logs"])
+    return json.loads(state_file.read_text())
 
 
 def test_kserve_layout_entry_args_and_port(kserve_daemon: dict) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
+import psutil
 import pytest
+from conftest import wait_until
 
 TINY_INPUT = [0.5] * 64
 
@@ -37,17 +37,21 @@ def test_register_predict_scale_and_unregister_a_sample(daemon, store) -> None:
     answer = daemon.manage("PUT", "/models/tiny", params={"min_worker": 1, "max_worker": 1})
     assert answer.status_code == 202
     assert answer.json() == {"status": "Processing worker updates..."}
-    deadline = time.monotonic() + 30
-    while len(daemon.worker_pids("tiny")) != 1 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    one = daemon.worker_pids("tiny")
-    assert len(one) == 1 and one < two
+    def scaled_down() -> set[int]:
+        pids = daemon.worker_pids("tiny")
+        return pids if len(pids) == 1 else set()
+
+    one = wait_until(scaled_down, 30, "tiny to scale down to one worker")
+    assert one < two
     gone = two - one
-    deadline = time.monotonic() + 30
-    import psutil
-    while any(psutil.pid_exists(p) for p in gone) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in gone)
+
+    def exited(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_until(lambda: all(exited(p) for p in gone), 30, f"the stopped worker {gone} to exit")
     assert daemon.predict("tiny", json=TINY_INPUT).status_code == 200
 
     answer = daemon.manage("DELETE", "/models/tiny")

@@ -4,19 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
-import requests
-
-
-def scrape(daemon) -> dict[str, float]:
-    text = requests.get(daemon.url("metrics", "/metrics"), timeout=10).text
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name] = float(value)
-    return values
+from conftest import wait_until
 
 
 def test_metrics_count_a_known_mix_of_requests(daemon_factory) -> None:
@@ -30,7 +19,7 @@ def test_metrics_count_a_known_mix_of_requests(daemon_factory) -> None:
         assert daemon.predict("nope", json={}).status_code == 404
 
     labels = '{model_name="echo",model_version="1.0"}'
-    m = scrape(daemon)
+    m = daemon.metrics()
     assert m[f"ts_inference_requests_total{labels}"] == 8
     assert (m["Requests2XX"], m["Requests4XX"], m["Requests5XX"]) == (5, 4, 1)
     assert m[f"mservd_request_latency_seconds_count{labels}"] == 8
@@ -48,14 +37,12 @@ def test_metrics_count_a_known_mix_of_requests(daemon_factory) -> None:
     assert m[memory] > 10 * 2**20
 
     # the handler's own metric arrives within the worker's shipping interval
-    deadline = time.monotonic() + 10
-    custom = None
-    while time.monotonic() < deadline:
-        custom = {k: v for k, v in scrape(daemon).items() if k.startswith("EchoRequests")}
-        if custom and sum(custom.values()) >= 8:
-            break
-        time.sleep(0.3)
-    assert custom, "the handler's EchoRequests metric never appeared"
+    def echo_requests() -> dict[str, float]:
+        found = {k: v for k, v in daemon.metrics().items() if k.startswith("EchoRequests")}
+        return found if sum(found.values()) >= 8 else {}
+
+    custom = wait_until(echo_requests, 10, "the handler's EchoRequests metric to count 8",
+                        details=daemon.logs)
     [(name, value)] = [(k, v) for k, v in custom.items() if k.startswith("EchoRequests_total")]
     assert 'ModelName="echo"' in name and 'Purpose="test"' in name
     assert value == 8
@@ -66,8 +53,9 @@ def test_model_log_tags_handler_output_with_pid_and_request_id(daemon_factory) -
     answer = daemon.predict("echo", json={"say": "hello-log"})
     rid = answer.headers["x-request-id"]
     [worker] = daemon.describe("echo")[0]["workers"]
-    time.sleep(0.5)
-    lines = (daemon.log_dir / "model_echo.log").read_text().splitlines()
+    daemon.wait_for_log("model_echo.log", "hello-log")
+    daemon.wait_for_log("access_log.log", rid)
+    lines = daemon.read_log("model_echo.log").splitlines()
     [line] = [l for l in lines if "hello-log" in l]
     assert line.startswith(f"[pid {worker['pid']}] [requests {rid}] echo handled")
 
@@ -81,7 +69,8 @@ def test_log_format_json_makes_every_process_log_json(daemon_factory) -> None:
     daemon = daemon_factory({"load_models": "echo.mar", "log_format": "json"})
     answer = daemon.predict("echo", json={"say": "json-log"})
     rid = answer.headers["x-request-id"]
-    time.sleep(0.5)
+    daemon.wait_for_log("model_echo.log", "json-log")
+    daemon.wait_for_log("access_log.log", rid)
     logs = daemon.log_dir
     records = {}
     for name in ("mservd.log", "model_echo.log", "frontend.log", "access_log.log"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -78,7 +77,9 @@ def test_v2_model_ready_and_metadata_also_per_version(client, auth) -> None:
     assert meta["inputs"] == V2_CONFIG["v2"]["inputs"]
     assert meta["outputs"] == V2_CONFIG["v2"]["outputs"]
     assert client.get_model_metadata("v2typed", "2.0", headers=dict(auth))["name"] == "v2typed"
-    assert client.get_model_metadata("tiny", headers=dict(auth))["inputs"] == []
+    tiny = client.get_model_metadata("tiny", headers=dict(auth))  # samples/tiny/model-config.yaml
+    assert tiny["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [1, -1]}]
+    assert tiny["outputs"] == [{"name": "output0", "datatype": "FP32", "shape": [1, 10]}]
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
@@ -130,8 +131,9 @@ def test_concurrent_v2_requests_are_batched(daemon, client, auth) -> None:
         b.set_data_from_numpy(np.array([(word or f"w{i}").encode()], dtype=object))
         return client.async_infer("v2typed", [a, b], headers=dict(auth))
 
+    mark = daemon.log_end("model_v2typed.log")
     busy = send(99, "slow")  # keeps the only worker busy while the others queue
-    time.sleep(0.3)
+    daemon.wait_for_log("model_v2typed.log", "v2typed sleeping", since=mark)
     pending = [send(i) for i in range(16)]
     results = []
     for request in pending:
@@ -156,6 +158,8 @@ def test_v2_plain_handler_gets_the_body_and_answers_one_output(daemon, auth) -> 
 
 
 def test_v2_errors_are_clear_and_leave_the_daemon_serving(daemon, client, auth) -> None:
+    tiny_workers = daemon.worker_pids("tiny")
+    v2typed_workers = daemon.worker_pids("v2typed")
     x = tritonhttp.InferInput("INPUT0", [1, 64], "FP32")
     x.set_data_from_numpy(np.array([tiny_input(3)], dtype=np.float32))
     with pytest.raises(InferenceServerException, match="Model not found: nope"):
@@ -195,8 +199,9 @@ def test_v2_errors_are_clear_and_leave_the_daemon_serving(daemon, client, auth) 
                            json={"inputs": []})
     assert answer.status_code == 401 and "error" in answer.json()
 
-    # the daemon is unharmed
-    time.sleep(0.2)
+    # the daemon is unharmed: the workers that met the bad requests still serve
+    assert daemon.worker_pids("tiny") == tiny_workers
+    assert daemon.worker_pids("v2typed") == v2typed_workers
     result = client.infer("tiny", [x], headers=dict(auth))
     assert result.as_numpy("output0").shape == (1, 10)
     assert daemon.predict("tiny", json=tiny_input(3)).status_code == 200

@@ -10,12 +10,26 @@ import pytest
 from mservd.frontends.http.shedding import FLOOR, SHARE, TICK, ModelLimit, Overloaded, Shedder
 
 
+def run_ticks(loop: asyncio.AbstractEventLoop, ticks: list[float], count: int) -> None:
+    """Run ``loop`` idle until the shedder has taken ``count`` more lag samples."""
+    target = len(ticks) + count
+
+    async def idle() -> None:
+        deadline = loop.time() + 10
+        while len(ticks) < target:
+            assert loop.time() < deadline, f"the shedder took {len(ticks)} of {target} samples"
+            await asyncio.sleep(TICK)
+
+    loop.run_until_complete(idle())
+
+
 def test_a_loop_running_behind_sheds_and_a_caught_up_one_does_not() -> None:
     loop = asyncio.new_event_loop()
     try:
-        shedder = Shedder(20, loop)
+        ticks: list[float] = []
+        shedder = Shedder(20, loop, on_tick=ticks.append)
         shedder.busy = 32  # predictions in flight: the lag is theirs
-        loop.run_until_complete(asyncio.sleep(0.05))
+        run_ticks(loop, ticks, 10)
         shedder.check()  # an idle loop is on time
 
         async def block() -> None:
@@ -29,7 +43,7 @@ def test_a_loop_running_behind_sheds_and_a_caught_up_one_does_not() -> None:
         shedder.busy = 2
         shedder.check()  # few in flight: the lag is not theirs to shed
         shedder.busy = 32
-        loop.run_until_complete(asyncio.sleep(0.3))
+        run_ticks(loop, ticks, 60)  # idle turns: the smoothed lag decays
         shedder.check()  # caught up: predictions are taken again
     finally:
         loop.close()
