@@ -73,11 +73,18 @@ class Batcher(Generic[T]):
         if len(queue) < self.batch_size and any_busy:
             if now < queue[0].arrived + self.max_batch_delay:
                 return []
-        explain = queue[0].explain
-        taken = []
-        while queue and len(taken) < self.batch_size and queue[0].explain == explain:
-            taken.append(queue.popleft())
         self._soonest = None
+        if not any(item.explain for item in queue):  # predictions only: the common case
+            return [queue.popleft() for _ in range(min(self.batch_size, len(queue)))]
+        # the head's kind, in queue order, from anywhere in the queue; the rest keep their order
+        explain = queue[0].explain
+        taken, kept = [], deque()
+        for item in queue:
+            if item.explain == explain and len(taken) < self.batch_size:
+                taken.append(item)
+            else:
+                kept.append(item)
+        self._queue = kept
         return taken
 
     def expire(self, now: float) -> list[T]:

@@ -2,10 +2,12 @@
 
 Two ROUTER sockets: frontends (HTTP and gRPC processes) send requests and management calls on
 one, backend workers talk on the other. Each turn of the loop waits until the next deadline,
-handles what arrived (``on_predict``, ``on_manage``, ``on_worker``), then always reaps and
-times out workers, expires queued requests and flushes batches that are due. Nothing blocks:
-archive unpacking runs on a helper thread whose result the loop picks up, and replies that must
-wait (a synchronous register or scale) are kept as ``Waiter``s and answered when they can be.
+handles what arrived (``on_predict``, ``on_manage``, ``on_worker``), then reaps and times out
+workers, and lets the scheduler expire and send what is due. The controller decides nothing
+about requests itself: the scheduler (``scheduler.py``) returns actions and :meth:`perform`
+carries them out; the supervisor runs workers' lives. Nothing blocks: archive unpacking runs on
+a helper thread whose result the loop picks up, and replies that must wait (a synchronous
+register or scale) are kept as ``Waiter``s and answered when they can be.
 
 Per request the controller reads only the route header and forwards payload frames as they are.
 """
@@ -23,42 +25,19 @@ import zmq
 from mservd import protocol, snapshot
 from mservd.auth import INFERENCE, MANAGEMENT, KeyStore
 from mservd.config import Settings
-from mservd.errors import (
-    DeadlineExceeded,
-    MservdError,
-    NoWorker,
-    QueueFull,
-    WorkerDied,
-    error_body,
-)
+from mservd.errors import MservdError, error_body
 from mservd.management import Management
 from mservd.metrics import Metrics
 from mservd.protocol import Reply
 from mservd.registry import ModelVersion, Registry
+from mservd.scheduler import Action, Forward, KillWorker, Refuse, Scheduler, SendBatch
 from mservd.supervisor import Supervisor
 from mservd.waiter import Waiter
-from mservd.worker_handle import Worker, WorkerState
 
 log = logging.getLogger(__name__)
 
 MAINTENANCE_INTERVAL = 0.1  # seconds between reaping/timeout sweeps under load
 IDLE_POLL = 1.0
-
-
-class Pending:
-    """A queued or running request: who asked, its frames, and its clock."""
-
-    __slots__ = ("rid", "fid", "frames", "arrived", "deadline", "explain", "retried")
-
-    def __init__(self, rid: bytes, fid: bytes, frames: list[bytes], arrived: float,
-                 deadline: float, explain: bool = False) -> None:
-        self.rid = rid
-        self.fid = fid
-        self.frames = frames  # the meta header and payloads, forwarded as they came
-        self.arrived = arrived
-        self.deadline = deadline
-        self.explain = explain
-        self.retried = False
 
 
 # The keys a controller verb may be called with, decided by the verb: the API a frontend says a
@@ -87,9 +66,11 @@ class Controller:
         self.run_dir = run_dir
         self.keys = keys
         self.gpu_count = gpu_count
-        self.zctx = zmq.Context()
-        self.front = self._bind(zmq.ROUTER, frontend_endpoint)
-        self.back = self._bind(zmq.ROUTER, backend_endpoint)
+        self.frontend_endpoint = frontend_endpoint
+        self.backend_endpoint = backend_endpoint
+        self.zctx: zmq.Context | None = None
+        self.front: Any = None  # the ROUTER sockets, bound by start()
+        self.back: Any = None
         self.registry = Registry()
         self.supervisor = Supervisor(
             backend_endpoint,
@@ -112,7 +93,15 @@ class Controller:
         self._last_maintenance = 0.0
         self.on_stopped: Callable[[], None] | None = None
         self.metrics = Metrics()
+        self.scheduler = Scheduler(settings, self.registry, self.metrics)
         self.management = Management(self)  # the management verbs, on a narrow view of this
+
+    def start(self) -> None:
+        """Bind the two sockets and start the supervisor's zygote."""
+        self.zctx = zmq.Context()
+        self.front = self._bind(zmq.ROUTER, self.frontend_endpoint)
+        self.back = self._bind(zmq.ROUTER, self.backend_endpoint)
+        self.supervisor.start()
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self.zctx.socket(kind)
@@ -159,8 +148,7 @@ class Controller:
                 self.maintain(now)
                 watch_frontends(now)
             else:
-                self.expire_requests(now)
-                self.flush_due_batches(now)
+                self.perform(self.scheduler.tick(now))
             if not self.stopping and should_stop():
                 self.begin_stop(now)
             if self.stopping and self._drained(now, frontend_alive()):
@@ -182,27 +170,32 @@ class Controller:
                               frames[0][:16] if frames else b"")
 
     def next_wakeup(self, now: float) -> float:
-        soonest = now + (MAINTENANCE_INTERVAL if (self.tasks or self.waiters or self.stopping)
-                         else IDLE_POLL)
-        for mv in self.registry.all_versions():
-            if len(mv.batcher):
-                when = mv.batcher.next_wakeup(self._any_busy(mv))
-                if when is not None and when < soonest:
-                    soonest = when
-        for worker in self.supervisor.workers.values():
-            if worker.state is WorkerState.BUSY and worker.batch_deadline < soonest:
-                soonest = worker.batch_deadline
-        return soonest
+        return self.scheduler.next_wakeup(
+            now + (MAINTENANCE_INTERVAL if (self.tasks or self.waiters or self.stopping)
+                   else IDLE_POLL))
 
     def maintain(self, now: float) -> None:
         self.finish_tasks()
         self.reap_workers(now)
-        self.time_out_workers(now)
-        self.expire_requests(now)
+        self.supervisor.time_out_starting(now)
         self.reconcile_pools(now)
-        self.flush_due_batches(now)
+        self.perform(self.scheduler.tick(now))
         self.check_waiters(now)
         self.cleanup_retired()
+
+    def perform(self, actions: list[Action]) -> None:
+        """Carry out what the scheduler decided: the controller's only sends of requests."""
+        for action in actions:
+            if type(action) is Forward:
+                self.front.send_multipart([action.fid, *protocol.reply(action.result)])
+            elif type(action) is SendBatch:
+                self.back.send_multipart([action.worker.identity, *protocol.batch(
+                    (p.rid, p.explain, p.frames) for p in action.requests)])
+            elif type(action) is Refuse:
+                self.front.send_multipart([action.fid, *protocol.reply(
+                    Reply.error(action.error).result(action.rid))])
+            elif type(action) is KillWorker:
+                self.supervisor.kill_worker(action.worker, action.reason)
 
     # -- frontends ----------------------------------------------------------------
 
@@ -220,62 +213,20 @@ class Controller:
 
     def on_predict(self, fid: bytes, frames: list[bytes], now: float) -> None:
         route = protocol.parse_route(frames[2])
-        try:
-            if self.keys is not None:
+        if self.keys is not None:
+            try:
                 self.keys.check(INFERENCE, route.token)
-            mv = self.registry.get(route.model, route.version)
-            if not any(w.is_serving for w in mv.workers.values()):
-                raise NoWorker(f"No worker is available to serve model: {mv.name} "
-                               f"version: {mv.version}. Check its workers with "
-                               f"GET /models/{mv.name}/{mv.version}.")
-            # the frontend's send time, when sane: time in the pipe to here counts as waiting
-            sent = route.sent
-            arrived = sent if sent is not None and 0.0 <= now - sent < 60.0 else now
-            self.admit(mv, now, arrived)
-            pending = Pending(route.rid, fid, frames[3:], arrived,
-                              arrived + self.queue_timeout(mv, route), route.explain)
-            if not mv.batcher.add(pending):
-                raise QueueFull(
-                    f"Model {mv.name} version {mv.version} has {mv.batcher.capacity} requests "
-                    "queued (job_queue_size); retry later.",
-                    headers={"Retry-After": "1"})
-        except MservdError as exc:
-            self.send_error(fid, route.rid, exc)
-            return
-        self.metrics.version(mv.key).requests.inc()
-        self.dispatch(mv, now)
-
-    def admit(self, mv: ModelVersion, now: float, arrived: float) -> None:
-        """Refuse at once while requests stand still: this one reached us late, or the
-        version's queue head has waited too long — longer than batching asks
-        (max_batch_delay) plus max_queue_wait_ms, or four batch times if longer."""
-        limit = self.settings.max_queue_wait_ms / 1000.0
-        if not limit:
-            return
-        limit = mv.settings.max_batch_delay / 1000.0 + max(limit, 4 * mv.batch_seconds)
-        waited = max(now - arrived, mv.batcher.oldest_wait(now))
-        if waited > limit:
-            raise QueueFull(
-                f"Model {mv.name} version {mv.version} is overloaded: requests have waited "
-                f"{waited * 1000:.0f} ms to be served (max_queue_wait_ms allows "
-                f"{limit * 1000:.0f}); retry later.", headers={"Retry-After": "1"})
+            except MservdError as exc:
+                self.perform([self.scheduler.refuse(fid, route.rid, exc)])
+                return
+        self.perform(self.scheduler.submit(fid, route, frames[3:], now))
 
     def on_cancel(self, fid: bytes, rid: bytes) -> None:
         """The client went away: a request still queued is dropped; a running one finishes."""
-        for mv in self.registry.all_versions():
-            if mv.batcher.remove(lambda p: p.rid == rid and p.fid == fid):
-                log.info("dropped request %s of %s/%s: its client went away", rid.decode(),
-                         mv.name, mv.version)
-                return
-
-    def queue_timeout(self, mv: ModelVersion, route: protocol.Route) -> float:
-        """Seconds a request may wait for a worker: its own ask, the default, the model's."""
-        limit = float(mv.settings.response_timeout)
-        if self.settings.default_request_timeout_ms:
-            limit = min(limit, self.settings.default_request_timeout_ms / 1000.0)
-        if route.timeout_ms is not None and route.timeout_ms >= 0:
-            limit = min(limit, route.timeout_ms / 1000.0)
-        return limit
+        mv = self.scheduler.cancel(fid, rid)
+        if mv is not None:
+            log.info("dropped request %s of %s/%s: its client went away", rid.decode(),
+                     mv.name, mv.version)
 
     def on_manage(self, fid: bytes, call: protocol.ManageCall) -> None:
         def respond(reply: Reply) -> None:
@@ -298,50 +249,7 @@ class Controller:
         if result is not None:
             respond(result)
 
-    def send_error(self, fid: bytes, rid: bytes, exc: MservdError) -> None:
-        self.metrics.answered(exc.http_status)
-        self.front.send_multipart([fid, *protocol.reply(Reply.error(exc).result(rid))])
-
-    # -- batching and workers -----------------------------------------------------------
-
-    @staticmethod
-    def _any_busy(mv: ModelVersion) -> bool:
-        return any(w.state is WorkerState.BUSY for w in mv.workers.values())
-
-    def dispatch(self, mv: ModelVersion, now: float) -> None:
-        """Hand batches to the version's idle workers, as the batching policy allows."""
-        if not len(mv.batcher):
-            return
-        idle = [w for w in mv.workers.values()
-                if w.state is WorkerState.IDLE and not w.stop_requested]
-        if not idle:
-            return
-        any_busy = self._any_busy(mv)
-        for worker in idle:
-            batch = mv.batcher.take(now, any_busy)
-            if not batch:
-                return
-            self.send_batch(mv, worker, batch, now)
-            any_busy = True
-
-    def send_batch(self, mv: ModelVersion, worker: Worker, batch: list[Pending],
-                   now: float) -> None:
-        vm = self.metrics.version(mv.key)
-        for pending in batch:
-            worker.batch[pending.rid] = pending
-            waited = now - pending.arrived
-            vm.queue.observe(waited)
-            vm.queue_us.inc(waited * 1e6)
-        worker.batch_started = now
-        worker.state = WorkerState.BUSY
-        worker.batch_deadline = now + mv.settings.response_timeout
-        self.back.send_multipart([worker.identity, *protocol.batch(
-            (p.rid, p.explain, p.frames) for p in batch)])
-
-    def flush_due_batches(self, now: float) -> None:
-        for mv in self.registry.all_versions():
-            if len(mv.batcher):
-                self.dispatch(mv, now)
+    # -- workers --------------------------------------------------------------------
 
     def on_worker(self, frames: list[bytes], now: float) -> None:
         identity = frames[0]
@@ -351,14 +259,21 @@ class Controller:
             log.warning("message %r from unknown worker %r dropped", kind, identity)
             return
         if kind == protocol.DONE:
-            self.on_done(worker, frames, now)
+            self.perform(self.scheduler.finished(worker, protocol.parse_done(frames[2:]), now))
+            if worker.stop_requested:
+                self.supervisor.finish_stop(worker)
         elif kind == protocol.CHUNK:  # a streamed part: forward it, the request stays open
             part = protocol.parse_result(frames[2:])
-            pending = worker.batch.get(part.rid)
-            if pending is not None:
-                self.front.send_multipart([pending.fid, *protocol.chunk(part)])
+            fid = self.scheduler.requester(worker, part.rid)
+            if fid is not None:
+                self.front.send_multipart([fid, *protocol.chunk(part)])
         elif kind == protocol.READY:
-            self.on_ready(worker, now)
+            if self.supervisor.on_ready(worker):
+                worker.mv.load_error = None
+                log.info("worker %s (pid %s) ready for %s/%s", worker.id, worker.pid,
+                         worker.model, worker.version)
+                self.perform(self.scheduler.dispatch(worker.mv, now))
+                self.check_waiters(now)
         elif kind == protocol.METRICS:
             self.metrics.record_handler_samples(protocol.parse_metrics(frames[2]))
         elif kind == protocol.FAILED:
@@ -369,95 +284,17 @@ class Controller:
         else:
             raise protocol.ProtocolError(f"workers may not send {kind!r}")
 
-    def on_ready(self, worker: Worker, now: float) -> None:
-        if worker.stop_requested:
-            self.supervisor.finish_stop(worker)
-            return
-        worker.state = WorkerState.IDLE
-        self.supervisor.record_ready(worker.mv)
-        worker.mv.load_error = None
-        log.info("worker %s (pid %s) ready for %s/%s", worker.id, worker.pid, worker.model,
-                 worker.version)
-        self.dispatch(worker.mv, now)
-        self.check_waiters(now)
-
-    def on_done(self, worker: Worker, frames: list[bytes], now: float) -> None:
-        batch = worker.batch
-        send = self.front.send_multipart
-        metrics = self.metrics
-        vm = metrics.version((worker.model, worker.version))
-        vm.batch.observe(len(batch))
-        batch_took = now - worker.batch_started
-        vm.handler.observe(batch_took)
-        worker.mv.batch_seconds += 0.2 * (batch_took - worker.mv.batch_seconds)
-        for result in protocol.parse_done(frames[2:]):
-            pending = batch.pop(result.rid, None)
-            if pending is not None:
-                send([pending.fid, *protocol.reply(result)])
-                took = now - pending.arrived
-                vm.latency.observe(took)
-                vm.latency_us.inc(took * 1e6)
-                metrics.answered(protocol.Head.parse(result.head).status)
-        for pending in batch.values():
-            self.send_error(pending.fid, pending.rid,
-                            WorkerDied("The worker returned no answer for this request."))
-        batch.clear()
-        if worker.stop_requested:
-            self.supervisor.finish_stop(worker)
-            return
-        worker.state = WorkerState.IDLE
-        self.dispatch(worker.mv, now)
-
     def reap_workers(self, now: float) -> None:
-        for worker, code in self.supervisor.reap_workers():
-            mv = worker.mv
-            mv.workers.pop(worker.id, None)
-            for pending in worker.batch.values():
-                self._retry_or_fail(mv, pending)
-            worker.batch.clear()
+        for worker in self.supervisor.reap_workers(now):
             if not worker.stop_requested:
-                self.supervisor.record_crash(mv, code, now)
-                self.metrics.version(mv.key).restarts.inc()
-            if self.supervisor.is_failed(mv) and not mv.load_error:
-                mv.load_error = "The worker exited while loading the model (exit code 3)."
+                self.metrics.version(worker.mv.key).restarts.inc()
+            self.perform(self.scheduler.worker_lost(worker, now))
         self.check_waiters(now)
-
-    def _retry_or_fail(self, mv: ModelVersion, pending: Pending) -> None:
-        """A dead worker's request runs once more on another worker, else gets 'Worker died.'"""
-        if not pending.retried and self.registry.has_version(mv.name, mv.version) and any(
-            w.is_serving for w in mv.workers.values()
-        ):
-            pending.retried = True
-            mv.batcher.push_front(pending)
-            return
-        self.send_error(pending.fid, pending.rid, WorkerDied())
-
-    def time_out_workers(self, now: float) -> None:
-        for worker in list(self.supervisor.workers.values()):
-            if worker.state is WorkerState.BUSY and now > worker.batch_deadline:
-                self.supervisor.kill_worker(
-                    worker, f"batch ran past response_timeout "
-                            f"({worker.mv.settings.response_timeout} s)")
-                for pending in worker.batch.values():
-                    pending.retried = True  # a batch that hangs is not worth running twice
-            elif (worker.state is WorkerState.STARTING
-                  and now - worker.spawned_at > worker.mv.settings.startup_timeout):
-                worker.mv.load_error = (f"The worker did not load the model within "
-                                        f"startup_timeout ({worker.mv.settings.startup_timeout} s).")
-                self.supervisor.kill_worker(worker, "startup_timeout passed")
-
-    def expire_requests(self, now: float) -> None:
-        for mv in self.registry.all_versions():
-            for pending in mv.batcher.expire(now):
-                waited = now - pending.arrived
-                self.send_error(pending.fid, pending.rid, DeadlineExceeded(
-                    f"The request waited {waited:.3f} s, past its deadline, in the queue of "
-                    f"model {mv.name} version {mv.version}; it was not computed."))
 
     def reconcile_pools(self, now: float) -> None:
         total = self.total_target_workers()
         for mv in self.registry.all_versions():
-            self.supervisor.reconcile(mv, now, total)
+            self.supervisor.reconcile(mv, now, total, self.scheduler.is_busy)
 
     def total_target_workers(self) -> int:
         return sum(mv.target_workers for mv in self.registry.all_versions())
@@ -498,11 +335,9 @@ class Controller:
 
     def retire(self, mv: ModelVersion) -> None:
         """Stop a removed version's workers and answer its queue; files go when workers do."""
-        for pending in mv.batcher.drain():
-            self.send_error(pending.fid, pending.rid, NoWorker(
-                f"Model {mv.name} version {mv.version} was unregistered."))
+        self.perform(self.scheduler.retire(mv))
         for worker in list(mv.workers.values()):
-            self.supervisor.stop_worker(worker)
+            self.supervisor.stop_worker(worker, self.scheduler.is_busy(worker))
         self.supervisor.forget(mv)
         self.retired.append(mv)
 
@@ -547,21 +382,16 @@ class Controller:
             return True
         if frontend_alive:
             return False
-        busy = any(w.batch for w in self.supervisor.workers.values())
-        queued = any(len(mv.batcher) for mv in self.registry.all_versions())
-        return not busy and not queued
+        return self.scheduler.idle()
 
     def close(self) -> None:
         now = time.monotonic()
-        for mv in self.registry.all_versions():
-            for pending in mv.batcher.drain():
-                self.send_error(pending.fid, pending.rid, WorkerDied("The server stopped."))
-        for worker in list(self.supervisor.workers.values()):
-            for pending in worker.batch.values():
-                self.send_error(pending.fid, pending.rid, WorkerDied("The server stopped."))
+        if self.front is not None:
+            self.perform(self.scheduler.close("The server stopped."))
         self.supervisor.terminate_all(grace=5.0)
         self.executor.shutdown(wait=True, cancel_futures=True)
-        self.front.close()
-        self.back.close()
-        self.zctx.term()
+        if self.zctx is not None:
+            self.front.close()
+            self.back.close()
+            self.zctx.term()
         log.info("controller stopped after %.1f s of draining", time.monotonic() - now)

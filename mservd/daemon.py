@@ -177,6 +177,7 @@ class Daemon:
         gpus = settings.number_of_gpu if settings.number_of_gpu is not None else detect_gpus()
         controller = Controller(settings, f"ipc://{run_dir}/frontend.sock",
                                 f"ipc://{run_dir}/backend.sock", run_dir, keys, gpus)
+        controller.start()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         restarts = controller.metrics.frontend_restarts

@@ -37,6 +37,7 @@ from mservd.waiter import Waiter
 
 if TYPE_CHECKING:
     from mservd.auth import KeyStore
+    from mservd.config import Settings
     from mservd.metrics import Metrics
     from mservd.registry import Registry
     from mservd.supervisor import Supervisor
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 class ModelService(Protocol):
     """What the management verbs may use of the controller, and nothing more."""
 
+    settings: Settings
     registry: Registry
     supervisor: Supervisor
     keys: KeyStore | None
@@ -360,7 +362,7 @@ class Management:
         synchronous = _flag(args.get("synchronous"), False)
         mv.target_workers = min_worker
         mv.max_workers = max_worker
-        self.ctl.supervisor.restarts.pop(mv.key, None)  # a scale call retries a failed model
+        self.ctl.supervisor.forget(mv)  # a scale call retries a failed model
         self.ctl.reconcile_pools(time.monotonic())
         self.ctl.registry_changed()
         if not synchronous:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from mservd.lifeline import EXIT_LOAD_FAILED
+from mservd.specs import WorkerSpec
 from mservd.worker_handle import Worker, WorkerState
 from mservd.zygote import Zygote
 
@@ -62,7 +63,10 @@ class Supervisor:
         self._next_gpu = 0
         self._logs: dict[str, Any] = {}
         self.zygote = Zygote()
-        self.zygote.start()  # torch imports there while the frontends start
+
+    def start(self) -> None:
+        """Start the zygote: torch imports there while the frontends start."""
+        self.zygote.start()
 
     # -- verbs ---------------------------------------------------------------
 
@@ -71,21 +75,21 @@ class Supervisor:
         self._next_id += 1
         gpu_id = self._pick_gpu(mv)
         cores = available_cores()
-        spec = {
-            "worker_id": worker_id,
-            "endpoint": self.endpoint,
-            "model_name": mv.name,
-            "version": mv.version,
-            "model_dir": str(mv.model_dir),
-            "manifest": mv.manifest,
-            "handler": mv.handler,
-            "batch_size": mv.settings.batch_size,
-            "gpu_id": gpu_id,
-            "threads": max(1, cores // max(1, total_workers)) if gpu_id is None else None,
-            "model_yaml": mv.model_yaml,
+        spec = WorkerSpec(
+            worker_id=worker_id,
+            endpoint=self.endpoint,
+            model_name=mv.name,
+            version=mv.version,
+            model_dir=str(mv.model_dir),
+            manifest=mv.manifest,
+            handler=mv.handler,
+            batch_size=mv.settings.batch_size,
+            gpu_id=gpu_id,
+            threads=max(1, cores // max(1, total_workers)) if gpu_id is None else None,
+            model_yaml=mv.model_yaml,
             **self.spec_extra,
-        }
-        proc = self.zygote.spawn(worker_id, spec, self._log_for(mv.name).fileno())
+        )
+        proc = self.zygote.spawn(spec, self._log_for(mv.name).fileno())
         worker = Worker(worker_id, mv.name, mv.version, proc, gpu_id, mv=mv)
         self.workers[worker.identity] = worker
         mv.workers[worker.id] = worker
@@ -93,14 +97,23 @@ class Supervisor:
                  f"cuda:{gpu_id}" if gpu_id is not None else "cpu")
         return worker
 
-    def stop_worker(self, worker: Worker) -> None:
+    def on_ready(self, worker: Worker) -> bool:
+        """The worker loaded its model; False if it was asked to stop meanwhile (it is)."""
+        if worker.stop_requested:
+            self._send_stop_or_term(worker)
+            return False
+        worker.state = WorkerState.SERVING
+        self.record_ready(worker.mv)
+        return True
+
+    def stop_worker(self, worker: Worker, busy: bool) -> None:
         """Ask a worker to exit after its current batch; ``reap_workers`` collects it."""
         if worker.stop_requested:
             return
         worker.stop_requested = True
-        if worker.state in (WorkerState.IDLE, WorkerState.STARTING):
+        if not busy:
             self._send_stop_or_term(worker)
-        # a busy worker gets STOP when its batch comes back
+        # a busy worker gets STOP when its batch comes back (finish_stop)
 
     def finish_stop(self, worker: Worker) -> None:
         """Called when a worker that was asked to stop has finished its batch."""
@@ -121,22 +134,39 @@ class Supervisor:
         if worker.proc.poll() is None:
             worker.proc.kill()
 
-    def reap_workers(self) -> list[tuple[Worker, int]]:
-        """Collect exited workers; the caller answers their in-flight requests."""
+    def reap_workers(self, now: float) -> list[Worker]:
+        """Collect exited workers (a crash schedules a restart after a back-off); the caller
+        answers their in-flight requests."""
         dead = []
         for identity, worker in list(self.workers.items()):
             code = worker.proc.poll()
             if code is None:
                 continue
             del self.workers[identity]
-            dead.append((worker, code))
+            mv = worker.mv
+            mv.workers.pop(worker.id, None)
+            dead.append(worker)
             if not worker.stop_requested:
                 log.warning("worker %s (pid %s) of %s/%s exited unexpectedly: %s", worker.id,
                             worker.pid, worker.model, worker.version, describe_exit(code))
+                self.record_crash(mv, code, now)
+            if self.is_failed(mv) and not mv.load_error:
+                mv.load_error = "The worker exited while loading the model (exit code 3)."
         return dead
 
-    def reconcile(self, mv: ModelVersion, now: float, total_workers: int) -> None:
-        """Spawn or stop workers until the version's live pool matches its target."""
+    def time_out_starting(self, now: float) -> None:
+        """Kill workers that have not loaded their model within startup_timeout."""
+        for worker in list(self.workers.values()):
+            limit = worker.mv.settings.startup_timeout
+            if worker.state is WorkerState.STARTING and now - worker.spawned_at > limit:
+                worker.mv.load_error = (f"The worker did not load the model within "
+                                        f"startup_timeout ({limit} s).")
+                self.kill_worker(worker, "startup_timeout passed")
+
+    def reconcile(self, mv: ModelVersion, now: float, total_workers: int,
+                  is_busy: Callable[[Worker], bool]) -> None:
+        """Spawn or stop workers until the version's live pool matches its target; the
+        surplus stopped are those still loading first, then idle ones, busy ones last."""
         state = self.restarts.setdefault(mv.key, RestartState())
         alive = [w for w in mv.workers.values() if not w.stop_requested]
         missing = mv.target_workers - len(alive)
@@ -144,9 +174,13 @@ class Supervisor:
             for _ in range(missing):
                 self.spawn_worker(mv, total_workers)
         elif missing < 0:
-            order = {WorkerState.STARTING: 0, WorkerState.IDLE: 1, WorkerState.BUSY: 2}
-            for worker in sorted(alive, key=lambda w: order.get(w.state, 3))[:-missing]:
-                self.stop_worker(worker)
+            def order(worker: Worker) -> int:
+                if worker.state is WorkerState.STARTING:
+                    return 0
+                return 2 if is_busy(worker) else 1
+
+            for worker in sorted(alive, key=order)[:-missing]:
+                self.stop_worker(worker, is_busy(worker))
 
     def record_ready(self, mv: ModelVersion) -> None:
         state = self.restarts.setdefault(mv.key, RestartState())

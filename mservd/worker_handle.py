@@ -1,7 +1,8 @@
-"""The controller's handle on one backend worker process: its process, state and batch.
+"""The controller's handle on one backend worker process: its process and its life.
 
-Kept apart from the supervisor (which starts and stops these) and the registry (which lists
-each version's) so that neither imports the other.
+The supervisor alone changes a worker's state (starting, serving, stopping); what a serving
+worker is running is the scheduler's to know. Kept apart from the supervisor and the registry
+(which lists each version's workers) so that neither imports the other.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from mservd.zygote import Child
 
 
 class WorkerState(enum.Enum):
-    STARTING = "STARTING"
-    IDLE = "IDLE"
-    BUSY = "BUSY"
-    STOPPING = "STOPPING"
+    STARTING = "STARTING"  # forked, loading its model
+    SERVING = "SERVING"  # loaded: runs the batches the scheduler sends
+    STOPPING = "STOPPING"  # asked to exit (after its batch, if it runs one)
 
 
 @dataclass(eq=False)
@@ -31,9 +31,6 @@ class Worker:
     started: float = field(default_factory=time.time)
     spawned_at: float = field(default_factory=time.monotonic)
     state: WorkerState = WorkerState.STARTING
-    batch: dict[bytes, Any] = field(default_factory=dict)
-    batch_deadline: float = 0.0
-    batch_started: float = 0.0
     stop_requested: bool = False
     mv: Any = None  # the ModelVersion served; set by spawn_worker
 
@@ -48,5 +45,5 @@ class Worker:
 
     @property
     def is_serving(self) -> bool:
-        """Loaded and not stopping: it runs batches (idle or busy now); "READY" in describe."""
-        return self.state in (WorkerState.IDLE, WorkerState.BUSY) and not self.stop_requested
+        """Loaded and not asked to stop: it runs batches; "READY" in describe."""
+        return self.state is WorkerState.SERVING and not self.stop_requested

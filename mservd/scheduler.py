@@ -1,0 +1,293 @@
+"""Where requests wait and which worker runs them: admission, deadlines, taking batches,
+retries, and the bookkeeping of answers.
+
+No I/O and no clock of its own: every method takes ``now`` and returns the actions the
+controller then performs (:class:`SendBatch`, :class:`Forward`, :class:`Refuse`,
+:class:`KillWorker`), so the whole policy is unit-tested with a fake clock. Each model
+version's queue is its :class:`~mservd.batcher.Batcher` (in the registry); what each worker is
+running is kept here. Workers' lives (starting, serving, stopping) are the supervisor's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from mservd import protocol
+from mservd.config import Settings
+from mservd.errors import DeadlineExceeded, MservdError, NoWorker, QueueFull, WorkerDied
+from mservd.metrics import Metrics
+from mservd.registry import ModelVersion, Registry
+from mservd.worker_handle import Worker
+
+
+class Pending:
+    """A queued or running request: who asked, its frames, and its clock."""
+
+    __slots__ = ("rid", "fid", "frames", "arrived", "deadline", "explain", "retried")
+
+    def __init__(self, rid: bytes, fid: bytes, frames: list[bytes], arrived: float,
+                 deadline: float, explain: bool = False) -> None:
+        self.rid = rid
+        self.fid = fid
+        self.frames = frames  # the meta header and payloads, forwarded as they came
+        self.arrived = arrived
+        self.deadline = deadline
+        self.explain = explain
+        self.retried = False
+
+
+@dataclass(frozen=True, slots=True)
+class SendBatch:
+    """Hand ``requests`` to ``worker`` as one BATCH."""
+
+    worker: Worker
+    requests: list[Pending]
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A worker's answer, to the frontend ``fid`` that asked."""
+
+    fid: bytes
+    result: protocol.Result
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Answer request ``rid`` of frontend ``fid`` with ``error``; it is not computed."""
+
+    fid: bytes
+    rid: bytes
+    error: MservdError
+
+
+@dataclass(frozen=True, slots=True)
+class KillWorker:
+    worker: Worker
+    reason: str
+
+
+Action = Union[SendBatch, Forward, Refuse, KillWorker]
+
+
+@dataclass
+class Running:
+    """The batch one worker is running."""
+
+    mv: ModelVersion
+    requests: dict[bytes, Pending]
+    started: float
+    deadline: float  # past it the batch has hung: the worker is killed
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, registry: Registry, metrics: Metrics) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.metrics = metrics
+        self.running: dict[str, Running] = {}  # worker id -> its batch
+
+    # -- requests ---------------------------------------------------------------------
+
+    def submit(self, fid: bytes, route: protocol.Route, frames: list[bytes],
+               now: float) -> list[Action]:
+        """A new request: refused at once, or queued (and maybe sent straight to a worker)."""
+        try:
+            mv = self.registry.get(route.model, route.version)
+            if not any(w.is_serving for w in mv.workers.values()):
+                raise NoWorker(f"No worker is available to serve model: {mv.name} "
+                               f"version: {mv.version}. Check its workers with "
+                               f"GET /models/{mv.name}/{mv.version}.")
+            # the frontend's send time, when sane: time in the pipe to here counts as waiting
+            sent = route.sent
+            arrived = sent if sent is not None and 0.0 <= now - sent < 60.0 else now
+            self._admit(mv, now, arrived)
+            pending = Pending(route.rid, fid, frames, arrived,
+                              arrived + self.queue_timeout(mv, route), route.explain)
+            if not mv.batcher.add(pending):
+                raise QueueFull(
+                    f"Model {mv.name} version {mv.version} has {mv.batcher.capacity} requests "
+                    "queued (job_queue_size); retry later.",
+                    headers={"Retry-After": "1"})
+        except MservdError as exc:
+            return [self.refuse(fid, route.rid, exc)]
+        self.metrics.version(mv.key).requests.inc()
+        return self.dispatch(mv, now)
+
+    def _admit(self, mv: ModelVersion, now: float, arrived: float) -> None:
+        """Refuse at once while requests stand still: this one reached us late, or the
+        version's queue head has waited too long — longer than batching asks
+        (max_batch_delay) plus max_queue_wait_ms, or four batch times if longer."""
+        limit = self.settings.max_queue_wait_ms / 1000.0
+        if not limit:
+            return
+        limit = mv.settings.max_batch_delay / 1000.0 + max(limit, 4 * mv.batch_seconds)
+        waited = max(now - arrived, mv.batcher.oldest_wait(now))
+        if waited > limit:
+            raise QueueFull(
+                f"Model {mv.name} version {mv.version} is overloaded: requests have waited "
+                f"{waited * 1000:.0f} ms to be served (max_queue_wait_ms allows "
+                f"{limit * 1000:.0f}); retry later.", headers={"Retry-After": "1"})
+
+    def queue_timeout(self, mv: ModelVersion, route: protocol.Route) -> float:
+        """Seconds a request may wait for a worker: its own ask, the default, the model's."""
+        limit = float(mv.settings.response_timeout)
+        if self.settings.default_request_timeout_ms:
+            limit = min(limit, self.settings.default_request_timeout_ms / 1000.0)
+        if route.timeout_ms is not None and route.timeout_ms >= 0:
+            limit = min(limit, route.timeout_ms / 1000.0)
+        return limit
+
+    def cancel(self, fid: bytes, rid: bytes) -> ModelVersion | None:
+        """The client went away: a request still queued is dropped (its version is returned);
+        a running one finishes."""
+        for mv in self.registry.all_versions():
+            if mv.batcher.remove(lambda p: p.rid == rid and p.fid == fid):
+                return mv
+        return None
+
+    # -- batches --------------------------------------------------------------------
+
+    def is_busy(self, worker: Worker) -> bool:
+        return worker.id in self.running
+
+    def requester(self, worker: Worker, rid: bytes) -> bytes | None:
+        """The frontend that asked for request ``rid`` that ``worker`` runs (None: not one)."""
+        running = self.running.get(worker.id)
+        pending = running.requests.get(rid) if running is not None else None
+        return pending.fid if pending is not None else None
+
+    def dispatch(self, mv: ModelVersion, now: float) -> list[Action]:
+        """Hand batches to the version's idle workers, as the batching policy allows."""
+        if not len(mv.batcher):
+            return []
+        idle = [w for w in mv.workers.values()
+                if w.is_serving and w.id not in self.running]
+        if not idle:
+            return []
+        any_busy = any(w.id in self.running for w in mv.workers.values())
+        actions: list[Action] = []
+        vm = self.metrics.version(mv.key)
+        for worker in idle:
+            batch = mv.batcher.take(now, any_busy)
+            if not batch:
+                break
+            for pending in batch:
+                waited = now - pending.arrived
+                vm.queue.observe(waited)
+                vm.queue_us.inc(waited * 1e6)
+            self.running[worker.id] = Running(mv, {p.rid: p for p in batch}, now,
+                                              now + mv.settings.response_timeout)
+            actions.append(SendBatch(worker, batch))
+            any_busy = True
+        return actions
+
+    def finished(self, worker: Worker, results: list[protocol.Result],
+                 now: float) -> list[Action]:
+        """A worker's DONE: each answer to its frontend, a missing one as an error; then the
+        worker's next batch."""
+        running = self.running.pop(worker.id, None)
+        if running is None:
+            return []
+        mv = running.mv
+        vm = self.metrics.version(mv.key)
+        vm.batch.observe(len(running.requests))
+        took = now - running.started
+        vm.handler.observe(took)
+        mv.batch_seconds += 0.2 * (took - mv.batch_seconds)
+        actions: list[Action] = []
+        for result in results:
+            pending = running.requests.pop(result.rid, None)
+            if pending is not None:
+                actions.append(Forward(pending.fid, result))
+                latency = now - pending.arrived
+                vm.latency.observe(latency)
+                vm.latency_us.inc(latency * 1e6)
+                self.metrics.answered(protocol.Head.parse(result.head).status)
+        for pending in running.requests.values():
+            actions.append(self.refuse(pending.fid, pending.rid, WorkerDied(
+                "The worker returned no answer for this request.")))
+        return actions + self.dispatch(mv, now)
+
+    def worker_lost(self, worker: Worker, now: float) -> list[Action]:
+        """A worker exited: its requests run once more on another worker, else fail."""
+        running = self.running.pop(worker.id, None)
+        if running is None:
+            return []
+        mv = running.mv
+        actions: list[Action] = []
+        for pending in running.requests.values():
+            if (not pending.retried and self.registry.has_version(mv.name, mv.version)
+                    and any(w.is_serving and w is not worker for w in mv.workers.values())):
+                pending.retried = True
+                mv.batcher.push_front(pending)
+            else:
+                actions.append(self.refuse(pending.fid, pending.rid, WorkerDied()))
+        return actions + self.dispatch(mv, now)
+
+    # -- upkeep ---------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Action]:
+        """Kill workers whose batch hangs, answer requests past their deadline, and send the
+        batches that are due."""
+        actions: list[Action] = []
+        for running_id, running in list(self.running.items()):
+            if now > running.deadline:
+                worker = running.mv.workers.get(running_id)
+                if worker is None:
+                    continue
+                for pending in running.requests.values():
+                    pending.retried = True  # a batch that hangs is not worth running twice
+                running.deadline = float("inf")  # killed once; worker_lost answers the rest
+                actions.append(KillWorker(worker, f"batch ran past response_timeout "
+                                                  f"({running.mv.settings.response_timeout} s)"))
+        for mv in self.registry.all_versions():
+            for pending in mv.batcher.expire(now):
+                waited = now - pending.arrived
+                actions.append(self.refuse(pending.fid, pending.rid, DeadlineExceeded(
+                    f"The request waited {waited:.3f} s, past its deadline, in the queue of "
+                    f"model {mv.name} version {mv.version}; it was not computed.")))
+            if len(mv.batcher):
+                actions += self.dispatch(mv, now)
+        return actions
+
+    def next_wakeup(self, soonest: float) -> float:
+        """The earlier of ``soonest`` and when :meth:`tick` may next have something to do."""
+        for mv in self.registry.all_versions():
+            if len(mv.batcher):
+                busy = any(w.id in self.running for w in mv.workers.values())
+                when = mv.batcher.next_wakeup(busy)
+                if when is not None and when < soonest:
+                    soonest = when
+        for running in self.running.values():
+            if running.deadline < soonest:
+                soonest = running.deadline
+        return soonest
+
+    def retire(self, mv: ModelVersion) -> list[Action]:
+        """A version was unregistered: its queue is answered."""
+        return [self.refuse(p.fid, p.rid, NoWorker(
+            f"Model {mv.name} version {mv.version} was unregistered."))
+            for p in mv.batcher.drain()]
+
+    def idle(self) -> bool:
+        """Nothing queued and nothing running: a stop may end."""
+        return not self.running and not any(len(mv.batcher)
+                                            for mv in self.registry.all_versions())
+
+    def close(self, reason: str) -> list[Action]:
+        """The server stops: every queued and running request is answered."""
+        actions = []
+        for mv in self.registry.all_versions():
+            actions += [self.refuse(p.fid, p.rid, WorkerDied(reason)) for p in mv.batcher.drain()]
+        for running in self.running.values():
+            actions += [self.refuse(p.fid, p.rid, WorkerDied(reason))
+                        for p in running.requests.values()]
+        self.running.clear()
+        return actions
+
+    def refuse(self, fid: bytes, rid: bytes, error: MservdError) -> Refuse:
+        """The answer to a request refused with ``error`` (counted as answered)."""
+        self.metrics.answered(error.http_status)
+        return Refuse(fid, rid, error)

@@ -1,0 +1,121 @@
+"""The controller's parts without processes or sockets: constructors do no I/O, so the
+management verbs and the supervisor's pool decisions are tested on a controller never started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mservd.config import Settings, resolve_model_settings
+from mservd.controller import Controller
+from mservd.errors import BadRequest
+from mservd.registry import ModelVersion
+from mservd.worker_handle import Worker, WorkerState
+
+
+class FakeChild:
+    """A worker process that is alive until killed; records what it was sent."""
+
+    def __init__(self) -> None:
+        self.pid = 4242
+        self.returncode: int | None = None
+        self.signals: list[str] = []
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def terminate(self) -> None:
+        self.signals.append("TERM")
+
+    def kill(self) -> None:
+        self.signals.append("KILL")
+        self.returncode = -9
+
+
+def controller(tmp_path: Path, **settings) -> Controller:
+    ctl = Controller(Settings(snapshot=False, **settings), "ipc:///nowhere/f",
+                     "ipc:///nowhere/b", tmp_path, keys=None, gpu_count=0)
+    ctl.stopped_workers = []  # type: ignore[attr-defined]
+    ctl.supervisor.send_stop = ctl.stopped_workers.append  # type: ignore[attr-defined]
+    return ctl
+
+
+def add_version(ctl: Controller, name: str, states: list[WorkerState], **api) -> ModelVersion:
+    settings = resolve_model_settings(ctl.settings, name, "1.0", api=api or None)
+    mv = ModelVersion(name=name, version="1.0", url=f"{name}.mar", model_dir=Path("/nowhere"),
+                      manifest={"model": {"handler": "h.py"}}, settings=settings, model_yaml={})
+    ctl.registry.add(mv)
+    for i, state in enumerate(states):
+        worker = Worker(f"{9000 + i}", name, "1.0", FakeChild(), None, mv=mv)
+        worker.state = state
+        mv.workers[worker.id] = worker
+        ctl.supervisor.workers[worker.identity] = worker
+    mv.target_workers = len(states)
+    return mv
+
+
+def call(ctl: Controller, op: str, **args):
+    answers = []
+    result = ctl.management.call(op, args, None, answers.append)
+    return result if result is not None else answers[0]
+
+
+def test_controller_constructor_binds_nothing_and_starts_no_process(tmp_path: Path) -> None:
+    ctl = controller(tmp_path)
+    assert ctl.front is None and ctl.back is None
+    assert ctl.supervisor.zygote.proc is None
+    ctl.close()
+
+
+def test_management_describes_a_version_with_its_settings_and_workers(tmp_path: Path) -> None:
+    ctl = controller(tmp_path)
+    add_version(ctl, "m", [WorkerState.SERVING, WorkerState.STARTING], batch_size=4)
+    [doc] = call(ctl, "describe", model="m").body
+    assert (doc["modelName"], doc["batchSize"], doc["minWorkers"]) == ("m", 4, 2)
+    assert [w["status"] for w in doc["workers"]] == ["READY", "STARTING"]
+    assert doc["jobQueueStatus"] == {"remainingCapacity": 100, "pendingRequests": 0}
+
+
+def test_management_lists_models_a_page_at_a_time(tmp_path: Path) -> None:
+    ctl = controller(tmp_path)
+    for name in ("a", "b", "c"):
+        add_version(ctl, name, [])
+    page = call(ctl, "list", limit="2").body
+    assert [m["modelName"] for m in page["models"]] == ["a", "b"]
+    assert page["nextPageToken"] == "2"
+    with pytest.raises(BadRequest, match="integer"):
+        call(ctl, "list", limit="two")
+
+
+def test_management_scale_refuses_impossible_counts(tmp_path: Path) -> None:
+    ctl = controller(tmp_path)
+    add_version(ctl, "m", [])
+    with pytest.raises(BadRequest, match="max_worker"):
+        call(ctl, "scale", model="m", min_worker="3", max_worker="2")
+    with pytest.raises(BadRequest, match="boolean"):
+        call(ctl, "scale", model="m", min_worker="0", synchronous="maybe")
+
+
+def test_scaling_down_stops_starting_then_idle_workers_before_busy_ones(tmp_path: Path) -> None:
+    ctl = controller(tmp_path)
+    mv = add_version(ctl, "m", [WorkerState.SERVING, WorkerState.SERVING, WorkerState.STARTING])
+    busy, idle, starting = (mv.workers[i] for i in ("9000", "9001", "9002"))
+    ctl.scheduler.running[busy.id] = object()  # type: ignore[assignment]
+    mv.target_workers = 1
+    ctl.reconcile_pools(now=0.0)
+    assert starting.stop_requested and starting.proc.signals == ["TERM"]  # still loading
+    assert idle.stop_requested and ctl.stopped_workers == [idle]  # told to stop at once
+    assert not busy.stop_requested
+
+
+def test_a_worker_that_does_not_load_in_time_is_killed_and_the_version_says_why(
+        tmp_path: Path) -> None:
+    ctl = controller(tmp_path)
+    mv = add_version(ctl, "m", [WorkerState.STARTING], startup_timeout=5)
+    [worker] = mv.workers.values()
+    ctl.supervisor.time_out_starting(now=worker.spawned_at + 1)
+    assert worker.proc.signals == []
+    ctl.supervisor.time_out_starting(now=worker.spawned_at + 6)
+    assert worker.proc.signals == ["KILL"]
+    assert "startup_timeout (5 s)" in mv.load_error

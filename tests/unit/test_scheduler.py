@@ -1,0 +1,150 @@
+"""The scheduler's policy with a fake clock and worker handles without processes: admission,
+deadlines, batches, retries and answers, as the actions it asks the controller to perform."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mservd import protocol
+from mservd.config import Settings, resolve_model_settings
+from mservd.metrics import Metrics
+from mservd.registry import ModelVersion, Registry
+from mservd.scheduler import Forward, KillWorker, Refuse, Scheduler, SendBatch
+from mservd.worker_handle import Worker, WorkerState
+
+FRONTEND = b"frontend-1"
+
+
+def setup(workers: int = 1, settings: Settings | None = None, **api) -> tuple[Scheduler,
+                                                                               ModelVersion]:
+    settings = settings or Settings()
+    registry = Registry()
+    model = resolve_model_settings(settings, "m", "1.0", api=api or None)
+    mv = ModelVersion(name="m", version="1.0", url="m.mar", model_dir=Path("/nowhere"),
+                      manifest={}, settings=model, model_yaml={})
+    registry.add(mv)
+    for i in range(workers):
+        worker = Worker(str(9000 + i), "m", "1.0", proc=None, gpu_id=None, mv=mv)
+        worker.state = WorkerState.SERVING
+        mv.workers[worker.id] = worker
+    return Scheduler(settings, registry, Metrics()), mv
+
+
+def route(rid: bytes, sent: float, **kwargs) -> protocol.Route:
+    return protocol.Route(rid, "m", None, None, sent=sent, **kwargs)
+
+
+def ok(rid: bytes) -> protocol.Result:
+    return protocol.Result(rid, protocol.head(200), b"{}")
+
+
+def kinds(actions) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def test_scheduler_sends_a_lone_request_to_an_idle_worker_at_once() -> None:
+    s, mv = setup(batch_size=4, max_batch_delay=100)
+    [send] = s.submit(FRONTEND, route(b"a", 10.0), [b"meta", b"x"], now=10.0)
+    assert isinstance(send, SendBatch) and [p.rid for p in send.requests] == [b"a"]
+    assert s.is_busy(send.worker)
+
+
+def test_scheduler_batches_requests_that_queue_while_the_worker_is_busy() -> None:
+    s, mv = setup(batch_size=4, max_batch_delay=100)
+    [first] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
+    for rid in (b"b", b"c"):
+        assert s.submit(FRONTEND, route(rid, 0.01), [], now=0.01) == []
+    actions = s.finished(first.worker, [ok(b"a")], now=0.05)
+    assert kinds(actions) == ["Forward", "SendBatch"]
+    assert [p.rid for p in actions[1].requests] == [b"b", b"c"]
+
+
+def test_scheduler_refuses_with_503_when_the_queue_is_full() -> None:
+    s, mv = setup(settings=Settings(job_queue_size=1), batch_size=1)
+    s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
+    s.submit(FRONTEND, route(b"queued", 0.0), [], now=0.0)
+    [refused] = s.submit(FRONTEND, route(b"over", 0.0), [], now=0.0)
+    assert isinstance(refused, Refuse) and refused.error.http_status == 503
+    assert refused.error.headers == {"Retry-After": "1"}
+
+
+def test_scheduler_refuses_a_standing_queue_at_once() -> None:
+    s, mv = setup(settings=Settings(max_queue_wait_ms=100), batch_size=1, max_batch_delay=0)
+    s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
+    assert s.submit(FRONTEND, route(b"head", 0.0), [], now=0.0) == []
+    [refused] = s.submit(FRONTEND, route(b"late", 0.5), [], now=0.5)
+    assert refused.error.http_status == 503 and "overloaded" in refused.error.message
+
+
+def test_scheduler_answers_504_for_a_request_past_its_deadline_in_the_queue() -> None:
+    s, mv = setup(batch_size=1)
+    s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
+    s.submit(FRONTEND, route(b"hurried", 0.0, timeout_ms=200.0), [], now=0.0)
+    assert s.tick(now=0.1) == []
+    assert s.next_wakeup(soonest=100.0) == 0.2
+    [expired] = s.tick(now=0.25)
+    assert expired.rid == b"hurried" and expired.error.http_status == 504
+
+
+def test_scheduler_kills_a_worker_whose_batch_hangs_and_does_not_retry_it() -> None:
+    s, mv = setup(workers=2, batch_size=1, response_timeout=5)
+    [send] = s.submit(FRONTEND, route(b"hang", 0.0), [], now=0.0)
+    [kill] = s.tick(now=6.0)
+    assert isinstance(kill, KillWorker) and kill.worker is send.worker
+    assert s.tick(now=7.0) == []  # killed once
+    [failed] = s.worker_lost(send.worker, now=7.0)
+    assert isinstance(failed, Refuse) and failed.error.http_status == 500
+
+
+def test_scheduler_retries_a_dead_workers_request_once_on_another_worker() -> None:
+    s, mv = setup(workers=2, batch_size=1)
+    [send] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
+    dead = send.worker
+    del mv.workers[dead.id]
+    [again] = s.worker_lost(dead, now=1.0)
+    assert isinstance(again, SendBatch) and again.worker is not dead
+    del mv.workers[again.worker.id]
+    [failed] = s.worker_lost(again.worker, now=2.0)
+    assert isinstance(failed, Refuse) and failed.error.message == "Worker died."
+
+
+def test_scheduler_answers_a_request_the_worker_left_out_with_an_error() -> None:
+    s, mv = setup(batch_size=2, max_batch_delay=0)
+    [first] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
+    s.submit(FRONTEND, route(b"b", 0.0), [], now=0.0)
+    s.submit(FRONTEND, route(b"c", 0.0), [], now=0.0)
+    [second] = s.finished(first.worker, [ok(b"a")], now=0.1)[1:]
+    actions = s.finished(second.worker, [ok(b"b")], now=0.2)
+    assert kinds(actions) == ["Forward", "Refuse"]
+    assert actions[1].rid == b"c" and "no answer" in actions[1].error.message
+
+
+def test_scheduler_forwards_answers_to_the_frontend_that_asked() -> None:
+    s, mv = setup()
+    [send] = s.submit(b"frontend-2", route(b"a", 0.0), [], now=0.0)
+    [forward] = s.finished(send.worker, [ok(b"a")], now=0.1)
+    assert forward == Forward(b"frontend-2", ok(b"a"))
+
+
+def test_scheduler_drops_a_queued_request_whose_client_went_away() -> None:
+    s, mv = setup(batch_size=1)
+    s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
+    s.submit(FRONTEND, route(b"gone", 0.0), [], now=0.0)
+    assert s.cancel(FRONTEND, b"gone") is mv
+    assert len(mv.batcher) == 0 and s.cancel(FRONTEND, b"gone") is None
+
+
+def test_scheduler_refuses_a_model_without_a_serving_worker() -> None:
+    s, mv = setup(workers=0)
+    [refused] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
+    assert refused.error.http_status == 503 and "No worker" in refused.error.message
+
+
+def test_scheduler_answers_everything_when_the_server_stops() -> None:
+    s, mv = setup(batch_size=1)
+    s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
+    s.submit(FRONTEND, route(b"queued", 0.0), [], now=0.0)
+    assert not s.idle()
+    closed = s.close("The server stopped.")
+    assert sorted(a.rid for a in closed) == [b"queued", b"running"]
+    assert s.idle()
