@@ -12,7 +12,6 @@ The supervisor's zygote forks each worker and calls :func:`run` with the spec it
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -29,6 +28,7 @@ from mservd.codecs.kserve_v1 import V1Error
 from mservd.lifeline import EXIT_LOAD_FAILED, die_with_parent, parent_changed
 from mservd.log_format import formatter, log_to_stderr
 from mservd.payload import InputError
+from mservd.specs import WorkerSpec
 from mservd.v2.codec import V2Error
 
 log = logging.getLogger("mservd.worker")
@@ -103,7 +103,7 @@ def _set_threads(threads: int | None) -> None:
             pass  # already set by an earlier parallel op
 
 
-def load(spec: dict[str, Any]):
+def load(spec: WorkerSpec):
     """Build the Context and the initialised handler described by the controller's spec."""
     from handlers.context import Context
     from handlers.loader import load_handler
@@ -112,18 +112,18 @@ def load(spec: dict[str, Any]):
     install_ts_aliases()  # handlers written for TorchServe import ts.*
 
     context = Context(
-        spec["model_name"],
-        spec["model_dir"],
-        spec["manifest"],
-        spec["batch_size"],
-        spec["gpu_id"],
-        spec.get("server_version", "mservd"),
-        limit_max_image_pixels=spec.get("limit_max_image_pixels", True),
-        model_yaml_config=spec.get("model_yaml") or {},
+        spec.model_name,
+        spec.model_dir,
+        spec.manifest,
+        spec.batch_size,
+        spec.gpu_id,
+        spec.server_version,
+        limit_max_image_pixels=spec.limit_max_image_pixels,
+        model_yaml_config=spec.model_yaml or {},
     )
-    if spec.get("install_py_dep_per_model"):
-        install_model_requirements(spec["model_dir"], spec.get("manifest") or {})
-    handler = load_handler(spec["model_dir"], spec["handler"])
+    if spec.install_py_dep_per_model:
+        install_model_requirements(spec.model_dir, spec.manifest or {})
+    handler = load_handler(spec.model_dir, spec.handler)
     handler.initialize(context)
     return handler, context
 
@@ -317,28 +317,28 @@ def _describe_failure(exc: BaseException) -> tuple[int, str, str]:
     return 500, "InternalServerException", f"{type(exc).__name__}: {message}"
 
 
-def serve(spec: dict[str, Any]) -> int:
+def serve(spec: WorkerSpec) -> int:
     parent = os.getppid()
     zctx = zmq.Context()
     sock = zctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IDENTITY, spec["worker_id"].encode())
-    sock.connect(spec["endpoint"])
+    sock.setsockopt(zmq.IDENTITY, spec.worker_id.encode())
+    sock.connect(spec.endpoint)
     began = time.monotonic()
     try:
         handler, context = load(spec)
     except BaseException as exc:  # any load failure must reach the register call
         tb = traceback.format_exc()
-        log.error("loading %s failed:\n%s", spec["model_name"], tb)
+        log.error("loading %s failed:\n%s", spec.model_name, tb)
         sock.send_multipart(protocol.failed(protocol.LoadFailure(f"{type(exc).__name__}: {exc}",
                                                                  tb)))
         time.sleep(0.2)  # let the message leave before the context goes
         sock.close(linger=1000)
         return EXIT_LOAD_FAILED
     sock.send_multipart(protocol.ready(os.getpid()))
-    log.info("worker %s ready: model %s version %s loaded in %.2f s", spec["worker_id"],
-             spec["model_name"], spec["version"], time.monotonic() - began)
-    max_response_size = spec.get("max_response_size", 6553500)
+    log.info("worker %s ready: model %s version %s loaded in %.2f s", spec.worker_id,
+             spec.model_name, spec.version, time.monotonic() - began)
+    max_response_size = spec.max_response_size
     attach_stream(context, sock, max_response_size)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
@@ -346,14 +346,14 @@ def serve(spec: dict[str, Any]) -> int:
     while True:
         if not poller.poll(POLL_MS):
             if parent_changed(parent):
-                log.warning("controller is gone; worker %s exits", spec["worker_id"])
+                log.warning("controller is gone; worker %s exits", spec.worker_id)
                 return 0
             ship_metrics(sock, context)
             continue
         frames = sock.recv_multipart()
         kind = frames[0]
         if kind == protocol.STOP:
-            log.info("worker %s stopping", spec["worker_id"])
+            log.info("worker %s stopping", spec.worker_id)
             return 0
         if kind != protocol.BATCH:
             log.error("worker dropped a message of kind %r", kind[:8])
@@ -378,20 +378,20 @@ def serve(spec: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    return run(json.loads(argv[0]))
+    return run(WorkerSpec.from_json(argv[0]))
 
 
-def run(spec: dict[str, Any]) -> int:
+def run(spec: WorkerSpec) -> int:
     """Be the worker ``spec`` describes, in this process (a fresh one or a zygote's fork)."""
-    log_to_stderr(spec.get("log_level", "INFO"), spec.get("log_format", "plain"))
+    log_to_stderr(spec.log_level, spec.log_format)
     die_with_parent(signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us
-    log_format = spec.get("log_format", "plain")
+    log_format = spec.log_format
     sys.stdout = TaggedStream(sys.stdout, os.getpid(), log_format)
     sys.stderr = TaggedStream(sys.stderr, os.getpid(), log_format, logging.WARNING)
-    _set_threads(spec.get("threads"))
-    if spec.get("model_dir") and spec["model_dir"] not in sys.path:
-        sys.path.insert(0, spec["model_dir"])
+    _set_threads(spec.threads)
+    if spec.model_dir and spec.model_dir not in sys.path:
+        sys.path.insert(0, spec.model_dir)
     return serve(spec)
 
 

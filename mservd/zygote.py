@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import dataclasses
 import errno
 import gc
 import importlib
@@ -40,6 +41,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+from mservd.specs import WorkerSpec
 
 log = logging.getLogger("mservd.zygote")
 
@@ -115,7 +118,8 @@ class Zygote:
         self.sock = ours
         log.info("worker zygote started (pid %d)", self.proc.pid)
 
-    def spawn(self, worker_id: str, spec: dict[str, Any], log_fd: int) -> Child:
+    def spawn(self, spec: WorkerSpec, log_fd: int) -> Child:
+        worker_id = spec.worker_id
         if self.sock is None:
             self.start()
         assert self.sock is not None
@@ -123,7 +127,7 @@ class Zygote:
         self.children[worker_id] = child
         self.sock.setblocking(True)
         try:
-            _send(self.sock, {"spawn": spec}, [log_fd])
+            _send(self.sock, {"spawn": dataclasses.asdict(spec)}, [log_fd])
         except OSError as exc:  # the zygote is gone: the worker never starts
             log.error("could not ask the zygote for worker %s: %s", worker_id, exc)
             self._lost()
@@ -220,13 +224,13 @@ def preload() -> None:
     gc.freeze()  # the collector never writes to the shared pages
 
 
-def libraries_for(spec: dict[str, Any]) -> list[str]:
+def libraries_for(spec: WorkerSpec) -> list[str]:
     """The :data:`SHARED_LIBRARIES` the model's handler and code files import (the built-in
     handlers import none of them)."""
-    if spec.get("install_py_dep_per_model"):
+    if spec.install_py_dep_per_model:
         return []  # its own requirements may pin another version: the worker imports its own
     found = set()
-    for path in Path(spec.get("model_dir") or ".").glob("*.py"):
+    for path in Path(spec.model_dir or ".").glob("*.py"):
         try:
             tree = ast.parse(path.read_bytes())
         except (SyntaxError, ValueError, OSError):
@@ -258,7 +262,7 @@ def import_shared(names: list[str]) -> None:
         gc.freeze()
 
 
-def fork_worker(spec: dict[str, Any], log_fd: int, sock: socket.socket, pipe: tuple[int, int]) -> int:
+def fork_worker(spec: WorkerSpec, log_fd: int, sock: socket.socket, pipe: tuple[int, int]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -276,7 +280,7 @@ def fork_worker(spec: dict[str, Any], log_fd: int, sock: socket.socket, pipe: tu
         os.dup2(log_fd, 2)
         os.close(log_fd)
         _reseed()
-        _name_process(f"mservd:{spec.get('model_name', 'worker')}")
+        _name_process(f"mservd:{spec.model_name}")
         from mservd import worker
 
         code = worker.run(spec)
@@ -345,13 +349,13 @@ def serve(sock: socket.socket) -> int:
             return _finish(children)
         request = json.loads(data)
         if "spawn" in request:
-            spec = request["spawn"]
+            spec = WorkerSpec.from_json(request["spawn"])
             import_shared(libraries_for(spec))
             pid = fork_worker(spec, fds[0], sock, (wake_r, wake_w))
             os.close(fds[0])
-            children[pid] = spec["worker_id"]
-            by_id[spec["worker_id"]] = pid
-            _send(sock, {"spawned": spec["worker_id"], "pid": pid})
+            children[pid] = spec.worker_id
+            by_id[spec.worker_id] = pid
+            _send(sock, {"spawned": spec.worker_id, "pid": pid})
         elif "signal" in request:
             pid = by_id.get(request["signal"])
             if pid is not None:

@@ -15,6 +15,7 @@ serves by writing its ports file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -28,9 +29,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mservd.config import Settings, parse_address
+from mservd.specs import GrpcFrontendSpec, HttpFrontendSpec
 
 log = logging.getLogger("mservd")
 
@@ -87,26 +88,26 @@ class Frontends:
         reply_timeout = (2 * settings.default_response_timeout
                          + settings.default_startup_timeout + 60)
         addresses = {api: sock.getsockname()[:2] for api, sock in ports.items()}
-        self.http_spec: dict[str, Any] = {
-            "controller": controller,
-            "workers": settings.frontend_workers,
-            "binds": [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-                      for host, port in addresses.values()],
-            "ports": {api: port for api, (_, port) in addresses.items()},
-            "shed_delay_ms": settings.shed_delay_ms,
-            "max_queue_wait_ms": settings.max_queue_wait_ms,
-            "connections": settings.frontend_connections,
-            "header_timeout": settings.frontend_header_timeout,
-            "write_timeout": settings.frontend_write_timeout,
-            "body_timeout": settings.frontend_body_timeout,
-            "max_header_bytes": settings.limit_request_header_bytes,
-            "accesslog": str(log_dir / "access_log.log"),
-            "log_format": settings.log_format,
-            "log_level": settings.log_level,
-            "auth": auth,
-            "max_request_size": settings.max_request_size,
-            "reply_timeout": reply_timeout,
-            "gunicorn": {  # gunicorn's own settings (config.py documents each key), in
+        self.http_spec = HttpFrontendSpec(
+            controller=controller,
+            workers=settings.frontend_workers,
+            binds=[f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                   for host, port in addresses.values()],
+            ports={api: port for api, (_, port) in addresses.items()},
+            shed_delay_ms=settings.shed_delay_ms,
+            max_queue_wait_ms=settings.max_queue_wait_ms,
+            connections=settings.frontend_connections,
+            header_timeout=settings.frontend_header_timeout,
+            write_timeout=settings.frontend_write_timeout,
+            body_timeout=settings.frontend_body_timeout,
+            max_header_bytes=settings.limit_request_header_bytes,
+            accesslog=str(log_dir / "access_log.log"),
+            log_format=settings.log_format,
+            log_level=settings.log_level,
+            auth=auth,
+            max_request_size=settings.max_request_size,
+            reply_timeout=reply_timeout,
+            gunicorn={  # gunicorn's own settings (config.py documents each key), in
                 "graceful_timeout": math.ceil(settings.drain_timeout),  # whole seconds
                 "keepalive": math.ceil(settings.frontend_keepalive),
                 "timeout": math.ceil(settings.frontend_timeout),
@@ -114,23 +115,23 @@ class Frontends:
                 "limit_request_fields": settings.limit_request_fields,
                 "limit_request_field_size": settings.limit_request_field_size,
             },
-        }
+        )
         self.grpc_ports_file = log_dir / GRPC_PORTS_FILE
-        self.grpc_spec: dict[str, Any] = {
-            "controller": controller,
-            "host": parse_address(settings.inference_address)[1],
-            "management_host": parse_address(settings.management_address)[1],
-            "inference_port": settings.grpc_inference_port,
-            "management_port": settings.grpc_management_port,
-            "ports_file": str(self.grpc_ports_file),
-            "auth": auth,
-            "max_request_size": settings.max_request_size,
-            "max_response_size": settings.max_response_size,
-            "reply_timeout": reply_timeout,
-            "drain_timeout": settings.drain_timeout,
-            "log_level": settings.log_level,
-            "log_format": settings.log_format,
-        }
+        self.grpc_spec = GrpcFrontendSpec(
+            controller=controller,
+            host=parse_address(settings.inference_address)[1],
+            management_host=parse_address(settings.management_address)[1],
+            inference_port=settings.grpc_inference_port,
+            management_port=settings.grpc_management_port,
+            ports_file=str(self.grpc_ports_file),
+            auth=auth,
+            max_request_size=settings.max_request_size,
+            max_response_size=settings.max_response_size,
+            reply_timeout=reply_timeout,
+            drain_timeout=settings.drain_timeout,
+            log_level=settings.log_level,
+            log_format=settings.log_format,
+        )
         self.http = Frontend("HTTP frontend (gunicorn's arbiter)", log_dir / "frontend.log")
         self.grpc = Frontend("gRPC frontend", log_dir / "grpc.log")
         self.grpc_served: dict[str, str] | None = None  # its addresses, once it reported them
@@ -147,18 +148,18 @@ class Frontends:
         self.start_grpc()
         log.info("HTTP frontends started (gunicorn's arbiter, pid %d) on ports %s; gRPC "
                  "frontend (pid %d)", self.http.proc.pid if self.http.proc else -1,
-                 self.http_spec["ports"], self.grpc.proc.pid if self.grpc.proc else -1)
+                 self.http_spec.ports, self.grpc.proc.pid if self.grpc.proc else -1)
 
     def start_http(self) -> None:
         """Start gunicorn's arbiter with a pipe its workers write to once they serve (the
         pipe ends without a word if they all die first)."""
         self.close_ready_pipe()
         read_end, write_end = os.pipe()
-        spec = {**self.http_spec, "ready_fd": write_end}
+        spec = dataclasses.replace(self.http_spec, ready_fd=write_end)
         try:
             with open(self.http.log_file, "ab") as out:
                 self.http.proc = subprocess.Popen(
-                    [sys.executable, "-m", "mservd.frontends.http.arbiter", json.dumps(spec)],
+                    [sys.executable, "-m", "mservd.frontends.http.arbiter", spec.to_json()],
                     pass_fds=[write_end], stdin=subprocess.DEVNULL, stdout=out,
                     stderr=subprocess.STDOUT)
         except OSError:
@@ -172,21 +173,22 @@ class Frontends:
 
     def start_grpc(self) -> None:
         """Start the gRPC frontend; it binds its own ports, the ones it had before if any."""
-        spec = dict(self.grpc_spec)
+        spec = self.grpc_spec
         if self.grpc_served is not None:  # started again: it says it serves by a new file
             self.grpc_ports_file.unlink(missing_ok=True)
-            spec["inference_port"] = int(self.grpc_served["inference"].rsplit(":", 1)[1])
-            spec["management_port"] = int(self.grpc_served["management"].rsplit(":", 1)[1])
+            spec = dataclasses.replace(
+                spec, inference_port=int(self.grpc_served["inference"].rsplit(":", 1)[1]),
+                management_port=int(self.grpc_served["management"].rsplit(":", 1)[1]))
         with open(self.grpc.log_file, "ab") as out:
             self.grpc.proc = subprocess.Popen(
-                [sys.executable, "-m", "mservd.frontends.grpc.server", json.dumps(spec)],
+                [sys.executable, "-m", "mservd.frontends.grpc.server", spec.to_json()],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         self.grpc.served = False
 
     def wait_ready(self, timeout: float) -> str | None:
         """Wait until every HTTP worker serves; None then, else why they do not."""
         deadline = time.monotonic() + timeout
-        while self.booted < self.http_spec["workers"]:
+        while self.booted < self.http_spec.workers:
             left = deadline - time.monotonic()
             if left <= 0:
                 return f"the HTTP frontend's workers did not start within {timeout:.0f} s"
@@ -209,7 +211,7 @@ class Frontends:
         if not heard:
             self.close_ready_pipe()
             return False
-        workers = self.http_spec["workers"]
+        workers = self.http_spec.workers
         for _ in heard:
             self.booted += 1
             if self.booted > workers:  # gunicorn replaced a worker that died

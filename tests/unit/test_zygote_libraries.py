@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mservd.specs import WorkerSpec
 from mservd.zygote import libraries_for
 
 
-def spec(model_dir: Path, handler: str = "handler.py", **extra) -> dict:
-    return {"model_dir": str(model_dir), "handler": handler, **extra}
+def spec(model_dir: Path, handler: str = "handler.py", **extra) -> WorkerSpec:
+    return WorkerSpec(worker_id="9000", endpoint="ipc:///nowhere", model_name="m",
+                      version="1.0", model_dir=str(model_dir), manifest={}, handler=handler,
+                      batch_size=1, gpu_id=None, threads=1, model_yaml={},
+                      max_response_size=1 << 20, **extra)
 
 
 def test_the_builtin_handlers_need_no_shared_library(tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -32,6 +31,7 @@ from mservd.frontends.grpc.generated import (
 from mservd.frontends.grpc.torchserve import InferenceAPIs, ManagementAPIs
 from mservd.frontends.grpc.v2 import GRPCInferenceService
 from mservd.log_format import log_to_stderr
+from mservd.specs import GrpcFrontendSpec
 
 log = logging.getLogger("mservd.frontends.grpc")
 
@@ -44,30 +44,30 @@ def _bind(server: grpc.aio.Server, host: str, port: int, what: str) -> int:
     return bound
 
 
-async def serve(spec: dict[str, Any]) -> None:
-    host = spec.get("host", "127.0.0.1")
+async def serve(spec: GrpcFrontendSpec) -> None:
+    host = spec.host
     # management binds where the REST management API does (loopback unless configured)
-    mhost = spec.get("management_host", host)
-    max_size = int(spec["max_request_size"])
+    mhost = spec.management_host
+    max_size = spec.max_request_size
     options = [("grpc.max_receive_message_length", max_size),
-               ("grpc.max_send_message_length", int(spec.get("max_response_size", max_size)))]
-    bridge = AsyncBridge(spec["controller"])
-    timeout = float(spec["reply_timeout"])
+               ("grpc.max_send_message_length", spec.max_response_size)]
+    bridge = AsyncBridge(spec.controller)
+    timeout = spec.reply_timeout
     inference = grpc.aio.server(options=options)
     inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(
-        InferenceAPIs(bridge, timeout, spec["auth"]), inference)
+        InferenceAPIs(bridge, timeout, spec.auth), inference)
     grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        GRPCInferenceService(bridge, timeout, spec["auth"]), inference)
+        GRPCInferenceService(bridge, timeout, spec.auth), inference)
     management = grpc.aio.server(options=options)
     management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server(
-        ManagementAPIs(bridge, spec["auth"]), management)
+        ManagementAPIs(bridge, spec.auth), management)
     ports = {
-        "inference": f"{host}:{_bind(inference, host, spec['inference_port'], 'grpc_inference_port')}",
-        "management": f"{mhost}:{_bind(management, mhost, spec['management_port'], 'grpc_management_port')}",
+        "inference": f"{host}:{_bind(inference, host, spec.inference_port, 'grpc_inference_port')}",
+        "management": f"{mhost}:{_bind(management, mhost, spec.management_port, 'grpc_management_port')}",
     }
     await inference.start()
     await management.start()
-    target = Path(spec["ports_file"])
+    target = Path(spec.ports_file)
     tmp = target.with_suffix(".tmp")
     tmp.write_text(json.dumps(ports))
     tmp.replace(target)
@@ -77,7 +77,7 @@ async def serve(spec: dict[str, Any]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    grace = float(spec.get("drain_timeout", 10))
+    grace = spec.drain_timeout
     log.info("gRPC frontend stopping (up to %.0f s for calls in flight)", grace)
     await asyncio.gather(inference.stop(grace), management.stop(grace))
     bridge.close()
@@ -85,8 +85,8 @@ async def serve(spec: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    spec = json.loads(argv[0])
-    log_to_stderr(spec.get("log_level", "INFO"), spec.get("log_format", "plain"))
+    spec = GrpcFrontendSpec.from_json(argv[0])
+    log_to_stderr(spec.log_level, spec.log_format)
     try:
         from mservd.lifeline import die_with_parent
 

@@ -31,6 +31,7 @@ from mservd.frontends.bridge import ClientGone, ControllerGone
 from mservd.frontends.http.access_log import AccessLog
 from mservd.frontends.http.request import JSON, Answer, HttpRequest, error_answer
 from mservd.protocol import Reply
+from mservd.specs import HttpFrontendSpec
 
 log = logging.getLogger("mservd.frontends.http")
 
@@ -63,10 +64,10 @@ class FrontendApp:
     Built in gunicorn's arbiter before it forks (so the workers share its imported pages); all
     that holds a file, a socket or a loop is made at ``lifespan.startup``, in each worker."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: HttpFrontendSpec) -> None:
         self.spec = spec
-        self.apis = {int(port): api for api, port in spec["ports"].items()}
-        self.reply_timeout = float(spec["reply_timeout"])
+        self.apis = {port: api for api, port in spec.ports.items()}
+        self.reply_timeout = spec.reply_timeout
         self.bridge: AsyncBridge | None = None
         self.access: AccessLog | None = None
         self.routes: dict[str, Callable] = {}
@@ -150,22 +151,22 @@ class FrontendApp:
 
         spec = self.spec
         loop = asyncio.get_running_loop()
-        self.access = AccessLog(spec.get("accesslog"), spec.get("log_format", "plain"))
-        self.bridge = AsyncBridge(spec["controller"])
+        self.access = AccessLog(spec.accesslog, spec.log_format)
+        self.bridge = AsyncBridge(spec.controller)
         blocking = BlockingBridge(self.bridge, loop)
         self.threads = concurrent.futures.ThreadPoolExecutor(
             MANAGEMENT_THREADS, thread_name_prefix="http-management")
         flask_app = management.create_management_app(blocking, self.reply_timeout,
-                                                      bool(spec["auth"]))
+                                                      spec.auth)
         self.inference = inference.InferenceRoutes(spec, self.bridge, loop)
         self.routes = {
             "inference": self.inference.answer,
-            "management": WsgiRoutes(flask_app, self.threads, spec["ports"]["management"],
-                                     float(spec["body_timeout"])).answer,
+            "management": WsgiRoutes(flask_app, self.threads, spec.ports["management"],
+                                     spec.body_timeout).answer,
             "metrics": metrics.MetricsRoutes(self.bridge).answer,
         }
         loop.call_later(ACCESS_FLUSH, self.flush_access_log)
-        ready_fd = spec.get("ready_fd")
+        ready_fd = spec.ready_fd
         if ready_fd is not None:  # the daemon counts the workers that serve
             try:
                 os.write(ready_fd, b"1")

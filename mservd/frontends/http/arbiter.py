@@ -22,7 +22,6 @@ version is pinned below 28 (``tests/unit/test_http_arbiter.py`` checks what it r
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
@@ -39,6 +38,7 @@ from gunicorn.workers.gasgi import ASGIWorker
 from mservd.errors import error_body
 from mservd.lifeline import die_with_parent
 from mservd.log_format import formatter, log_to_stderr
+from mservd.specs import HttpFrontendSpec
 
 log = logging.getLogger("mservd.frontends.http")
 
@@ -185,11 +185,11 @@ class FrontendWorker(ASGIWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         spec = self.app.spec
-        self.inference_port = int(spec["ports"]["inference"])
-        self.max_connections = int(spec["connections"])
-        self.header_timeout = float(spec["header_timeout"])
-        self.write_timeout = float(spec["write_timeout"])
-        self.max_header_bytes = int(spec["max_header_bytes"])
+        self.inference_port = spec.ports["inference"]
+        self.max_connections = spec.connections
+        self.header_timeout = spec.header_timeout
+        self.write_timeout = spec.write_timeout
+        self.max_header_bytes = spec.max_header_bytes
         self.connections = {True: 0, False: 0}  # open now: inference port, the others
         self.open: set[FrontendProtocol] = set()
         self.refusals: dict[tuple[bytes, bool], bytes] = {}
@@ -240,28 +240,28 @@ class FrontendLogger(glogging.Logger):
 
 
 class FrontendServer(BaseApplication):
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: HttpFrontendSpec) -> None:
         self.spec = spec
         super().__init__()
 
     def load_config(self) -> None:
         spec = self.spec
         settings = {
-            "bind": spec["binds"],
+            "bind": spec.binds,
             "reuse_port": True,  # each worker its own listeners: see the module
-            "workers": spec["workers"],
+            "workers": spec.workers,
             "worker_class": "mservd.frontends.http.arbiter.FrontendWorker",
             "asgi_loop": "uvloop",
             "http_parser": "fast",  # gunicorn-h1c, a dependency
             "asgi_lifespan": "on",  # a worker whose app cannot start fails the start
             "preload_app": True,  # imported once in the arbiter: the workers share its pages
             "logger_class": FrontendLogger,
-            "loglevel": spec["log_level"].lower(),
+            "loglevel": spec.log_level.lower(),
             "errorlog": "-",  # stderr: the daemon points it at frontend.log
             "accesslog": None,  # the app writes TorchServe's access log itself
             "control_socket_disable": True,
             "proc_name": "mservd-http",
-            **spec["gunicorn"],  # limits and timeouts from config.properties
+            **spec.gunicorn,  # limits and timeouts from config.properties
         }
         for key, value in settings.items():
             self.cfg.set(key, value)
@@ -275,12 +275,12 @@ class FrontendServer(BaseApplication):
 def main(argv: list[str] | None = None) -> int:
     global LOG_FORMAT
     argv = sys.argv[1:] if argv is None else argv
-    spec = json.loads(argv[0])
+    spec = HttpFrontendSpec.from_json(argv[0])
     die_with_parent(signal.SIGTERM)  # a killed daemon takes the arbiter, and so its workers
-    LOG_FORMAT = spec.get("log_format", "plain")
-    log_to_stderr(spec["log_level"], LOG_FORMAT)
+    LOG_FORMAT = spec.log_format
+    log_to_stderr(spec.log_level, LOG_FORMAT)
     log.info("HTTP frontends: gunicorn's arbiter, %d ASGI workers, ports %s",
-             spec["workers"], spec["ports"])
+             spec.workers, spec.ports)
     try:
         FrontendServer(spec).run()  # the workers too leave through here (SystemExit)
     except HaltServer as exc:  # raised again while it stops when two workers fail to boot

@@ -22,6 +22,7 @@ from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.http.request import JSON, Answer, HttpRequest, relay
 from mservd.frontends.http.shedding import Door, Shedder
 from mservd.protocol import Reply
+from mservd.specs import HttpFrontendSpec
 
 log = logging.getLogger("mservd.frontends.http")
 
@@ -34,16 +35,16 @@ FrameBuilder = Callable[[bytes, bytes], list[bytes]]
 
 
 class Gateway:
-    def __init__(self, spec: dict[str, Any], bridge: AsyncBridge,
+    def __init__(self, spec: HttpFrontendSpec, bridge: AsyncBridge,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.bridge = bridge
-        self.auth = bool(spec["auth"])
-        self.max_request_size = int(spec["max_request_size"])
-        self.reply_timeout = float(spec["reply_timeout"])
-        self.body_timeout = float(spec["body_timeout"])
-        self.door = Door(float(spec.get("max_queue_wait_ms", 0)) / 1000.0)
+        self.auth = spec.auth
+        self.max_request_size = spec.max_request_size
+        self.reply_timeout = spec.reply_timeout
+        self.body_timeout = spec.body_timeout
+        self.door = Door(spec.max_queue_wait_ms / 1000.0)
         self.authorized: dict[str | None, float] = {}  # token -> until when it is taken
-        self.shedder = Shedder(float(spec.get("shed_delay_ms", 0)), loop,
+        self.shedder = Shedder(spec.shed_delay_ms, loop,
                                lambda seconds: self.door.tick(seconds, log))
 
     def token(self, request: HttpRequest) -> str | None:

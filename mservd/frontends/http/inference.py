@@ -25,10 +25,11 @@ from mservd.frontends.http.request import (
     relay,
     request_timeout_ms,
 )
+from mservd.specs import HttpFrontendSpec
 
 
 class InferenceRoutes:
-    def __init__(self, spec: dict[str, Any], bridge: AsyncBridge,
+    def __init__(self, spec: HttpFrontendSpec, bridge: AsyncBridge,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.gateway = Gateway(spec, bridge, loop)
         self.door = self.gateway.door  # the connections ask it before a request is parsed

@@ -1,0 +1,92 @@
+"""What the daemon tells each child process it starts: one typed spec per kind of child.
+
+A spec crosses a process boundary as JSON (an argument, or a zygote message) and is read back
+with :meth:`from_json`, which refuses unknown or missing fields, so a typo is an error at start
+instead of a silent default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+S = TypeVar("S", bound="Spec")
+
+
+class Spec:
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls: type[S], doc: str | dict[str, Any]) -> S:
+        values = json.loads(doc) if isinstance(doc, str) else doc
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class WorkerSpec(Spec):
+    """A backend worker (``mservd/worker.py``): the model version it serves, and where."""
+
+    worker_id: str
+    endpoint: str  # the controller's backend socket
+    model_name: str
+    version: str
+    model_dir: str
+    manifest: dict[str, Any]
+    handler: str
+    batch_size: int
+    gpu_id: int | None
+    threads: int | None  # torch threads on CPU: the cores shared among the workers
+    model_yaml: dict[str, Any]
+    max_response_size: int
+    log_level: str = "INFO"
+    log_format: str = "plain"
+    install_py_dep_per_model: bool = False
+    server_version: str = "mservd"
+    limit_max_image_pixels: bool = True
+
+
+@dataclass(frozen=True)
+class HttpFrontendSpec(Spec):
+    """gunicorn's arbiter and its workers (``frontends/http/arbiter.py``, ``app.py``)."""
+
+    controller: str  # the controller's frontend socket
+    workers: int
+    binds: list[str]
+    ports: dict[str, int]  # api ("inference", "management", "metrics") -> port
+    shed_delay_ms: float
+    max_queue_wait_ms: float
+    connections: int
+    header_timeout: float
+    write_timeout: float
+    body_timeout: float
+    max_header_bytes: int
+    accesslog: str | None
+    log_format: str
+    log_level: str
+    auth: bool
+    max_request_size: int
+    reply_timeout: float
+    gunicorn: dict[str, Any] = field(default_factory=dict)  # gunicorn's own settings, as named
+    ready_fd: int | None = None  # the daemon counts the workers that serve on this pipe
+
+
+@dataclass(frozen=True)
+class GrpcFrontendSpec(Spec):
+    """The gRPC frontend (``frontends/grpc/server.py``)."""
+
+    controller: str
+    host: str
+    management_host: str
+    inference_port: int
+    management_port: int
+    ports_file: str  # where it writes the ports it bound
+    auth: bool
+    max_request_size: int
+    max_response_size: int
+    reply_timeout: float
+    drain_timeout: float
+    log_level: str = "INFO"
+    log_format: str = "plain"
