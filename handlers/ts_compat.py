@@ -19,19 +19,20 @@ import sys
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 
+from handlers.loader import BUILTIN_HANDLERS
+
 logger = logging.getLogger(__name__)
 
-# TorchServe module → mservd module whose public names it exposes.
+# TorchServe module → mservd module whose public names it exposes; each built-in handler
+# (handlers.loader.BUILTIN_HANDLERS) is also ts.torch_handler.<its name>.
 TS_ALIASES = {
     "ts.context": "handlers.context",
     "ts.utils.util": "handlers.ts_util",
     "ts.torch_handler.base_handler": "handlers.base_handler",
     "ts.torch_handler.vision_handler": "handlers.vision_handler",
-    "ts.torch_handler.image_classifier": "handlers.image_classifier",
-    "ts.torch_handler.image_segmenter": "handlers.image_segmenter",
-    "ts.torch_handler.object_detector": "handlers.object_detector",
     "ts.torch_handler.text_handler": "handlers.text_handler",
-    "ts.torch_handler.text_classifier": "handlers.text_classifier",
+    **{f"ts.torch_handler.{name}": target.partition(":")[0]
+       for name, target in BUILTIN_HANDLERS.items()},
     "ts.handler_utils.utils": "handlers.streaming",
     "ts.protocol.otf_message_handler": "handlers.streaming",
     "ts.metrics.metric_type_enum": "handlers.metrics",
