@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from click.testing import CliRunner
 from PIL import Image
+from sample_archives import load_build_all
 
 import archiver
 from mservd.run_handler import read_input, run_handler_command
@@ -21,21 +20,11 @@ DIGIT_IMAGES = sorted((REPO / "samples" / "digits" / "images").glob("*.png"))
 TINY_ROW = json.dumps([0.25] * 64)
 
 
-def _load_build_all() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "_samples_build_all", REPO / "samples" / "build_all.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def archives(tmp_path_factory: pytest.TempPathFactory):
     # Shared by name with test_samples.py: build_samples skips archives already built there.
     store = tmp_path_factory.getbasetemp() / "sample-archives"
-    build_all = _load_build_all()
+    build_all = load_build_all()
     return lambda name: build_all.build_samples(store, [name])[name]
 
 

@@ -3,19 +3,18 @@ code path: unpack, ``load_handler``, ``initialize``, one ``handle`` per batch.""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
 import os
 import tempfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 from PIL import Image
+from sample_archives import load_build_all
 
 import archiver
 import handlers
@@ -24,17 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 DIGIT_IMAGES = sorted((REPO / "samples" / "digits" / "images").glob("*.png"))
 
 
-def _load_build_all() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "_samples_build_all", REPO / "samples" / "build_all.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-build_all = _load_build_all()
+build_all = load_build_all()
 
 
 @pytest.fixture(scope="module")
