@@ -33,6 +33,7 @@ from handlers.user_code import (
 logger = logging.getLogger(__name__)
 
 BUILTIN_HANDLERS = {
+    "causal_lm": "handlers.causal_lm:CausalLM",
     "image_classifier": "handlers.image_classifier:ImageClassifier",
     "image_segmenter": "handlers.image_segmenter:ImageSegmenter",
     "object_detector": "handlers.object_detector:ObjectDetector",

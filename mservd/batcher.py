@@ -65,22 +65,24 @@ class Batcher(Generic[T]):
         self._queue.appendleft(item)
         self._soonest = None
 
-    def take(self, now: float, any_busy: bool) -> list[T]:
-        """The batch one idle worker should run now, or ``[]`` to keep waiting."""
+    def take(self, now: float, any_busy: bool, limit: int | None = None) -> list[T]:
+        """The batch one idle worker should run now, or ``[]`` to keep waiting; at most
+        ``limit`` requests (a continuous-batching worker's free slots)."""
         queue = self._queue
         if not queue:
             return []
-        if len(queue) < self.batch_size and any_busy:
+        size = self.batch_size if limit is None else max(0, min(limit, self.batch_size))
+        if len(queue) < size and any_busy:
             if now < queue[0].arrived + self.max_batch_delay:
                 return []
         self._soonest = None
         if not any(item.explain for item in queue):  # predictions only: the common case
-            return [queue.popleft() for _ in range(min(self.batch_size, len(queue)))]
+            return [queue.popleft() for _ in range(min(size, len(queue)))]
         # the head's kind, in queue order, from anywhere in the queue; the rest keep their order
         explain = queue[0].explain
         taken, kept = [], deque()
         for item in queue:
-            if item.explain == explain and len(taken) < self.batch_size:
+            if item.explain == explain and len(taken) < size:
                 taken.append(item)
             else:
                 kept.append(item)

@@ -908,6 +908,9 @@ class ModelSettings:
     device_type: str | None  # "cpu", "gpu", or None: the daemon decides
     device_ids: tuple[int, ...]
     default_version: bool
+    # model-config.yaml continuousBatching: a worker runs up to batch_size requests at once,
+    # each joining and leaving between decoding steps (handlers/causal_lm.py)
+    continuous_batching: bool = False
 
 
 def _device_type(value: Any) -> str:
@@ -944,6 +947,7 @@ _MODEL_YAML_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
         "jobQueueSize": ("job_queue_size", _chain(to_int, _at_least(1))),
         "deviceType": ("device_type", _device_type),
         "deviceIds": ("device_ids", _device_ids),
+        "continuousBatching": ("continuous_batching", to_bool),
     }
 )
 _MODELS_BLOCK_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
@@ -1019,6 +1023,7 @@ def resolve_model_settings(
         "device_type": None,
         "device_ids": (),
         "default_version": False,
+        "continuous_batching": False,
     }
     origin: dict[str, str] = {}
     problems: list[str] = []

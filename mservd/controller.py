@@ -30,7 +30,15 @@ from mservd.management import Management
 from mservd.metrics import Metrics
 from mservd.protocol import Reply
 from mservd.registry import ModelVersion, Registry
-from mservd.scheduler import Action, Forward, KillWorker, Refuse, Scheduler, SendBatch
+from mservd.scheduler import (
+    Action,
+    CancelRunning,
+    Forward,
+    KillWorker,
+    Refuse,
+    Scheduler,
+    SendBatch,
+)
 from mservd.supervisor import Supervisor
 from mservd.waiter import Waiter
 
@@ -196,6 +204,8 @@ class Controller:
                     Reply.error(action.error).result(action.rid))])
             elif type(action) is KillWorker:
                 self.supervisor.kill_worker(action.worker, action.reason)
+            elif type(action) is CancelRunning:
+                self.back.send_multipart([action.worker.identity, *protocol.cancel(action.rid)])
 
     # -- frontends ----------------------------------------------------------------
 
@@ -223,7 +233,8 @@ class Controller:
 
     def on_cancel(self, fid: bytes, rid: bytes) -> None:
         """The client went away: a request still queued is dropped; a running one finishes."""
-        mv = self.scheduler.cancel(fid, rid)
+        mv, actions = self.scheduler.cancel(fid, rid, time.monotonic())
+        self.perform(actions)
         if mv is not None:
             log.info("dropped request %s of %s/%s: its client went away", rid.decode(),
                      mv.name, mv.version)
@@ -260,11 +271,11 @@ class Controller:
             return
         if kind == protocol.DONE:
             self.perform(self.scheduler.finished(worker, protocol.parse_done(frames[2:]), now))
-            if worker.stop_requested:
+            if worker.stop_requested and not self.scheduler.is_busy(worker):
                 self.supervisor.finish_stop(worker)
         elif kind == protocol.CHUNK:  # a streamed part: forward it, the request stays open
             part = protocol.parse_result(frames[2:])
-            fid = self.scheduler.requester(worker, part.rid)
+            fid = self.scheduler.progress(worker, part.rid, now)
             if fid is not None:
                 self.front.send_multipart([fid, *protocol.chunk(part)])
         elif kind == protocol.READY:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from mservd.config import Settings
     from mservd.metrics import Metrics
     from mservd.registry import Registry
+    from mservd.scheduler import Scheduler
     from mservd.supervisor import Supervisor
 
 
@@ -51,6 +52,7 @@ class ModelService(Protocol):
     supervisor: Supervisor
     keys: KeyStore | None
     metrics: Metrics
+    scheduler: Scheduler
 
     def submit(self, fn: Callable[..., Any], done: Callable[[Future], None],
                *args: Any) -> None: ...
@@ -484,7 +486,8 @@ class Management:
     def op_metrics(self, args: dict[str, Any], respond: Respond):
         from mservd.metrics import CONTENT_TYPE
 
-        return Reply(200, self.ctl.metrics.render(self.ctl.registry), content_type=CONTENT_TYPE)
+        return Reply(200, self.ctl.metrics.render(
+            self.ctl.registry, self.ctl.scheduler.running_requests), content_type=CONTENT_TYPE)
 
     # -- Open Inference Protocol v2: readiness and metadata (docs/v2.md) -------------------
 

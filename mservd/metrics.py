@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
@@ -19,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from mservd import protocol
 
 if TYPE_CHECKING:
-    from mservd.registry import Registry
+    from mservd.registry import ModelVersion, Registry
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class VersionMetrics:
     """The labelled children of one model version, looked up once."""
 
     __slots__ = ("requests", "latency_us", "queue_us", "latency", "queue", "handler", "batch",
-                 "restarts")
+                 "restarts", "first_part", "between_parts")
 
     def __init__(self, m: Metrics, name: str, version: str) -> None:
         self.requests = m.requests.labels(name, version)
@@ -47,6 +48,8 @@ class VersionMetrics:
         self.handler = m.handler.labels(name, version)
         self.batch = m.batch.labels(name, version)
         self.restarts = m.restarts.labels(name, version)
+        self.first_part = m.first_part.labels(name, version)
+        self.between_parts = m.between_parts.labels(name, version)
 
 
 class Metrics:
@@ -81,6 +84,17 @@ class Metrics:
                                          ("frontend",), registry=r)
         self.pending = Gauge("mservd_pending_requests", "Requests waiting in a model's queue.",
                              MODEL, registry=r)
+        # streamed answers (generation): time to the first part (token) and between parts
+        self.first_part = Histogram("mservd_time_to_first_token_seconds", "Time from a "
+                                    "request's arrival to the first part of its answer (the "
+                                    "first token of a generation).", MODEL,
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.between_parts = Histogram("mservd_inter_token_latency_seconds", "Time between "
+                                       "consecutive parts of a streamed answer (tokens).",
+                                       MODEL, buckets=LATENCY_BUCKETS, registry=r)
+        self.running = Gauge("mservd_running_requests", "Requests a model's workers are "
+                             "running now (sequences, with continuous batching).", MODEL,
+                             registry=r)
         self.live = Gauge("mservd_live_workers", "Workers ready to serve a model version.",
                           MODEL, registry=r)
         self.memory = Gauge("mservd_worker_memory_bytes", "Resident memory of each worker.",
@@ -125,7 +139,8 @@ class Metrics:
             else:
                 child.set(float(value))
 
-    def render(self, registry: Registry) -> bytes:
+    def render(self, registry: Registry,
+               running: Callable[[ModelVersion], int] = lambda mv: 0) -> bytes:
         """The text for ``GET /metrics``: state gauges are read now."""
         import psutil
 
@@ -134,6 +149,7 @@ class Metrics:
         self.memory.clear()
         for mv in registry.all_versions():
             self.pending.labels(mv.name, mv.version).set(len(mv.batcher))
+            self.running.labels(mv.name, mv.version).set(running(mv))
             self.live.labels(mv.name, mv.version).set(mv.live_count())
             for worker in mv.workers.values():
                 if worker.pid is None:

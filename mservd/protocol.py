@@ -13,6 +13,7 @@ to it and forwarded as the same bytes::
     controller -> frontend  REPLY    | MSV1R | rid | head | body |
                             CHUNK    | MSV1C | rid | head | body |   (a streamed part)
     controller -> worker    BATCH    | MSV1B | job | meta | inputs... | job | meta | ... |
+                            CANCEL   | MSV1X | rid |   (continuous batching: drop it)
                             STOP     | MSV1S |
     worker -> controller    READY    | MSV1H | {"pid"} |
                             FAILED   | MSV1F | {"message", "traceback"} |
@@ -65,7 +66,10 @@ API_MANAGEMENT = "management"
 CODEC_TORCHSERVE = "torchserve"  # /predictions, gRPC Predictions: inputs by name
 CODEC_KSERVE_V1 = "kserve-v1"  # {"instances": [...]}: one handler row per instance
 CODEC_V2 = "v2"  # the Open Inference Protocol's infer body, JSON or binary
-CODECS = frozenset({CODEC_TORCHSERVE, CODEC_KSERVE_V1, CODEC_V2})
+CODEC_OPENAI = "openai"  # OpenAI's chat, completions and embeddings bodies
+CODEC_GENERATE = "generate"  # Triton's generate extension
+CODECS = frozenset({CODEC_TORCHSERVE, CODEC_KSERVE_V1, CODEC_V2, CODEC_OPENAI,
+                    CODEC_GENERATE})
 
 JSON = "application/json"
 

@@ -6,6 +6,11 @@ controller then performs (:class:`SendBatch`, :class:`Forward`, :class:`Refuse`,
 :class:`KillWorker`), so the whole policy is unit-tested with a fake clock. Each model
 version's queue is its :class:`~mservd.batcher.Batcher` (in the registry); what each worker is
 running is kept here. Workers' lives (starting, serving, stopping) are the supervisor's.
+
+A model with ``continuousBatching`` is scheduled by slots instead of batches: each of its
+workers runs up to ``batch_size`` requests at once, a request is sent as soon as a slot is
+free, and each finishes (DONE) on its own; a client that goes away frees its slot
+(:class:`CancelRunning`). Its deadline moves with the worker's progress (each streamed part).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Union
 from mservd import protocol
 from mservd.config import Settings
 from mservd.errors import DeadlineExceeded, MservdError, NoWorker, QueueFull, WorkerDied
-from mservd.metrics import Metrics
+from mservd.metrics import Metrics, VersionMetrics
 from mservd.registry import ModelVersion, Registry
 from mservd.worker_handle import Worker
 
@@ -24,7 +29,8 @@ from mservd.worker_handle import Worker
 class Pending:
     """A queued or running request: who asked, its frames, and its clock."""
 
-    __slots__ = ("rid", "fid", "frames", "arrived", "deadline", "explain", "retried")
+    __slots__ = ("rid", "fid", "frames", "arrived", "deadline", "explain", "retried",
+                 "last_part")
 
     def __init__(self, rid: bytes, fid: bytes, frames: list[bytes], arrived: float,
                  deadline: float, explain: bool = False) -> None:
@@ -35,6 +41,7 @@ class Pending:
         self.deadline = deadline
         self.explain = explain
         self.retried = False
+        self.last_part: float | None = None  # when its last streamed part came
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +75,15 @@ class KillWorker:
     reason: str
 
 
-Action = Union[SendBatch, Forward, Refuse, KillWorker]
+@dataclass(frozen=True, slots=True)
+class CancelRunning:
+    """Tell ``worker`` to drop request ``rid``: its client went away (continuous batching)."""
+
+    worker: Worker
+    rid: bytes
+
+
+Action = Union[SendBatch, Forward, Refuse, KillWorker, CancelRunning]
 
 
 @dataclass
@@ -139,29 +154,38 @@ class Scheduler:
             limit = min(limit, route.timeout_ms / 1000.0)
         return limit
 
-    def cancel(self, fid: bytes, rid: bytes) -> ModelVersion | None:
+    def cancel(self, fid: bytes, rid: bytes,
+               now: float) -> tuple[ModelVersion | None, list[Action]]:
         """The client went away: a request still queued is dropped (its version is returned);
-        a running one finishes."""
+        a running one finishes, unless its worker batches continuously: then it is dropped
+        there too and its slot goes to the next request."""
         for mv in self.registry.all_versions():
             if mv.batcher.remove(lambda p: p.rid == rid and p.fid == fid):
-                return mv
-        return None
+                return mv, []
+        for worker_id, running in self.running.items():
+            pending = running.requests.get(rid)
+            if (pending is None or pending.fid != fid
+                    or not running.mv.settings.continuous_batching):
+                continue
+            worker = running.mv.workers.get(worker_id)
+            del running.requests[rid]
+            if not running.requests:
+                del self.running[worker_id]
+            actions: list[Action] = [] if worker is None else [CancelRunning(worker, rid)]
+            return running.mv, actions + self.dispatch(running.mv, now)
+        return None, []
 
     # -- batches --------------------------------------------------------------------
 
     def is_busy(self, worker: Worker) -> bool:
         return worker.id in self.running
 
-    def requester(self, worker: Worker, rid: bytes) -> bytes | None:
-        """The frontend that asked for request ``rid`` that ``worker`` runs (None: not one)."""
-        running = self.running.get(worker.id)
-        pending = running.requests.get(rid) if running is not None else None
-        return pending.fid if pending is not None else None
-
     def dispatch(self, mv: ModelVersion, now: float) -> list[Action]:
         """Hand batches to the version's idle workers, as the batching policy allows."""
         if not len(mv.batcher):
             return []
+        if mv.settings.continuous_batching:
+            return self._fill_slots(mv, now)
         idle = [w for w in mv.workers.values()
                 if w.is_serving and w.id not in self.running]
         if not idle:
@@ -173,24 +197,65 @@ class Scheduler:
             batch = mv.batcher.take(now, any_busy)
             if not batch:
                 break
-            for pending in batch:
-                waited = now - pending.arrived
-                vm.queue.observe(waited)
-                vm.queue_us.inc(waited * 1e6)
+            observe_waits(vm, batch, now)
             self.running[worker.id] = Running(mv, {p.rid: p for p in batch}, now,
                                               now + mv.settings.response_timeout)
             actions.append(SendBatch(worker, batch))
             any_busy = True
         return actions
 
+    def _fill_slots(self, mv: ModelVersion, now: float) -> list[Action]:
+        """Continuous batching: each serving worker gets queued requests for its free slots."""
+        actions: list[Action] = []
+        vm = self.metrics.version(mv.key)
+        for worker in mv.workers.values():
+            if not worker.is_serving:
+                continue
+            running = self.running.get(worker.id)
+            free = mv.settings.batch_size - (len(running.requests) if running else 0)
+            batch = mv.batcher.take(now, False, free) if free > 0 else []
+            if not batch:
+                continue
+            observe_waits(vm, batch, now)
+            if running is None:
+                running = self.running[worker.id] = Running(mv, {}, now, 0.0)
+            running.requests.update((p.rid, p) for p in batch)
+            running.deadline = now + mv.settings.response_timeout
+            actions.append(SendBatch(worker, batch))
+            if not len(mv.batcher):
+                break
+        return actions
+
+    def progress(self, worker: Worker, rid: bytes, now: float) -> bytes | None:
+        """A streamed part of request ``rid`` came from ``worker``: the frontend that asked
+        (None: not one it runs). Times the first part and the gaps between parts, and moves
+        a continuous worker's deadline."""
+        running = self.running.get(worker.id)
+        pending = running.requests.get(rid) if running is not None else None
+        if pending is None:
+            return None
+        vm = self.metrics.version(running.mv.key)
+        if pending.last_part is None:
+            vm.first_part.observe(now - pending.arrived)
+        else:
+            vm.between_parts.observe(now - pending.last_part)
+        pending.last_part = now
+        if running.mv.settings.continuous_batching:
+            running.deadline = now + running.mv.settings.response_timeout
+        return pending.fid
+
     def finished(self, worker: Worker, results: list[protocol.Result],
                  now: float) -> list[Action]:
         """A worker's DONE: each answer to its frontend, a missing one as an error; then the
-        worker's next batch."""
-        running = self.running.pop(worker.id, None)
+        worker's next batch. A continuous worker's DONE answers only the requests that
+        finished; the others run on."""
+        running = self.running.get(worker.id)
         if running is None:
             return []
         mv = running.mv
+        if mv.settings.continuous_batching:
+            return self._finished_some(worker, running, results, now)
+        del self.running[worker.id]
         vm = self.metrics.version(mv.key)
         vm.batch.observe(len(running.requests))
         took = now - running.started
@@ -209,6 +274,30 @@ class Scheduler:
             actions.append(self.refuse(pending.fid, pending.rid, WorkerDied(
                 "The worker returned no answer for this request.")))
         return actions + self.dispatch(mv, now)
+
+    def _finished_some(self, worker: Worker, running: Running, results: list[protocol.Result],
+                       now: float) -> list[Action]:
+        vm = self.metrics.version(running.mv.key)
+        actions: list[Action] = []
+        for result in results:
+            pending = running.requests.pop(result.rid, None)
+            if pending is None:
+                continue  # cancelled meanwhile
+            actions.append(Forward(pending.fid, result))
+            latency = now - pending.arrived
+            vm.latency.observe(latency)
+            vm.latency_us.inc(latency * 1e6)
+            if pending.last_part is None:
+                vm.first_part.observe(latency)
+            self.metrics.answered(protocol.Head.parse(result.head).status)
+        running.deadline = now + running.mv.settings.response_timeout
+        if not running.requests:
+            del self.running[worker.id]
+        return actions + self.dispatch(running.mv, now)
+
+    def running_requests(self, mv: ModelVersion) -> int:
+        """Requests the version's workers are running now."""
+        return sum(len(r.requests) for r in self.running.values() if r.mv is mv)
 
     def worker_lost(self, worker: Worker, now: float) -> list[Action]:
         """A worker exited: its requests run once more on another worker, else fail."""
@@ -291,3 +380,11 @@ class Scheduler:
         """The answer to a request refused with ``error`` (counted as answered)."""
         self.metrics.answered(error.http_status)
         return Refuse(fid, rid, error)
+
+
+def observe_waits(vm: VersionMetrics, batch: list[Pending], now: float) -> None:
+    """Record how long each request of a batch leaving the queue waited in it."""
+    for pending in batch:
+        waited = now - pending.arrived
+        vm.queue.observe(waited)
+        vm.queue_us.inc(waited * 1e6)

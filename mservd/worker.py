@@ -22,14 +22,12 @@ from typing import Any
 
 import zmq
 
-from mservd import protocol
-from mservd.codecs import CODECS, Call, Codec
-from mservd.codecs.kserve_v1 import V1Error
+from mservd import codecs, protocol
+from mservd.codecs import CODECS, Call
+from mservd.continuous import serve_continuous
 from mservd.lifeline import EXIT_LOAD_FAILED, die_with_parent, parent_changed
 from mservd.log_format import formatter, log_to_stderr
-from mservd.payload import InputError
 from mservd.specs import WorkerSpec
-from mservd.v2.codec import V2Error
 
 log = logging.getLogger("mservd.worker")
 POLL_MS = 1000
@@ -195,9 +193,10 @@ def attach_stream(context, sock, max_response_size: int) -> None:
     def send_chunk(idx: int, item: Any) -> None:
         call, codec = context.calls[idx]
         rid = context.request_ids[idx].encode()
-        head, body = codec.encode(Call(call.rows, idx, call.state), [item], context,
-                                  max_response_size)
-        sock.send_multipart(protocol.chunk(protocol.Result(rid, head, body)))
+        part = codec.encode_part(Call(call.rows, idx, call.state), item, context,
+                                 max_response_size)
+        if part is not None:
+            sock.send_multipart(protocol.chunk(protocol.Result(rid, *part)))
 
     context.stream_callback = send_chunk
 
@@ -211,19 +210,11 @@ def run_batch(handler, context, frames: list[bytes], max_response_size: int,
     at once and left out; a handler that fails fails its batch only (``raise_failure``: its
     exception is raised instead, for ``mservd run-handler`` to show).
     """
-    results: list[protocol.Result] = []
-    running: list[tuple[protocol.Request, Codec, Call]] = []  # the requests the handler runs
+    running, results = codecs.decode(protocol.parse_batch(frames), context)
     rows: list[dict[str, Any]] = []
-    for request in protocol.parse_batch(frames):
-        codec = CODECS[request.codec]
-        try:
-            call = codec.decode(request, context)
-        except Exception as exc:  # whatever a request's bytes raise, it fails that request alone
-            results.append(protocol.Result(request.rid, *_undecodable(codec, request, exc)))
-            continue
+    for _, _, call in running:
         call.first = len(rows)
         rows.extend(call.rows)
-        running.append((request, codec, call))
     if not running:
         return protocol.done(results)
     context.calls = [(call, codec) for _, codec, call in running for _ in call.rows]
@@ -258,17 +249,6 @@ def run_batch(handler, context, frames: list[bytes], max_response_size: int,
         results.append(protocol.Result(request.rid,
                                        *codec.encode(call, mine, context, max_response_size)))
     return protocol.done(results)
-
-
-def _undecodable(codec: Codec, request: protocol.Request, exc: Exception) -> tuple[bytes, bytes]:
-    """The 400 answer to a request whose inputs cannot be decoded, in its protocol's shape:
-    the decoders' own errors say what is wrong; anything else is named with its type."""
-    if isinstance(exc, (InputError, V1Error, V2Error)):
-        message = str(exc)
-    else:
-        message = f"The request's input cannot be decoded: {type(exc).__name__}: {exc}"
-    log.warning("request %s refused: %s", request.rid.decode(errors="replace"), message)
-    return codec.error(400, "BadRequestException", message)
 
 
 def _tag_output(requests: str) -> None:
@@ -340,6 +320,9 @@ def serve(spec: WorkerSpec) -> int:
              spec.model_name, spec.version, time.monotonic() - began)
     max_response_size = spec.max_response_size
     attach_stream(context, sock, max_response_size)
+    if (spec.model_yaml or {}).get("continuousBatching") is True:
+        return serve_continuous(sock, handler, context, spec.worker_id, parent,
+                                max_response_size, ship_metrics)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     shipped = time.monotonic()

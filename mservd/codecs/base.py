@@ -24,7 +24,19 @@ class Codec(Protocol):
     def encode(self, call: Call, outputs: list[Any], context: Any,
                limit: int) -> tuple[bytes, bytes]: ...
 
+    def encode_part(self, call: Call, item: Any, context: Any,
+                    limit: int) -> tuple[bytes, bytes] | None: ...
+
     def error(self, status: int, type_: str, message: str) -> tuple[bytes, bytes]: ...
+
+
+class WholeParts:
+    """A streamed part is encoded like a whole answer (TorchServe's way: each part is a body
+    of its own, the client joins them)."""
+
+    def encode_part(self, call: Call, item: Any, context: Any,
+                    limit: int) -> tuple[bytes, bytes] | None:
+        return self.encode(call, [item], context, limit)  # type: ignore[attr-defined]
 
 
 def too_large(size: int, limit: int) -> str:

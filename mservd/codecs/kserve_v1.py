@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from mservd import protocol
-from mservd.codecs.base import Call, too_large
+from mservd.codecs.base import Call, WholeParts, too_large
 
 
 class V1Error(ValueError):
@@ -45,7 +45,7 @@ def decode_rows(payload: bytes, batch_size: int = 1) -> list[dict[str, Any]]:
     return [{"body": instance, "data": instance} for instance in instances]
 
 
-class KServeV1Codec:
+class KServeV1Codec(WholeParts):
     def decode(self, request: protocol.Request, context: Any) -> Call:
         if len(request.payloads) != 1:
             raise V1Error("A KServe V1 request is one JSON body.")

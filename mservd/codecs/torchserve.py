@@ -12,14 +12,14 @@ import logging
 from typing import Any
 
 from mservd import protocol
-from mservd.codecs.base import Call, too_large
+from mservd.codecs.base import Call, WholeParts, too_large
 from mservd.errors import error_body
 from mservd.payload import decode_form, decode_input, encode_output, is_form
 
 log = logging.getLogger("mservd.worker")
 
 
-class TorchServeCodec:
+class TorchServeCodec(WholeParts):
     def decode(self, request: protocol.Request, context: Any) -> Call:
         row: dict[str, Any] = {}
         for (name, input_type), payload in zip(request.inputs, request.payloads):

@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from mservd import protocol
-from mservd.codecs.base import Call, too_large
+from mservd.codecs.base import Call, WholeParts, too_large
 from mservd.v2 import handling
 from mservd.v2 import metadata as v2_metadata
 from mservd.v2.codec import V2Error
@@ -27,7 +27,7 @@ def model_metadata(context: Any) -> v2_metadata.ModelMetadata:
     return meta
 
 
-class V2Codec:
+class V2Codec(WholeParts):
     def decode(self, request: protocol.Request, context: Any) -> Call:
         content_type = request.inputs[0][1] if len(request.inputs) == 1 else ""
         if len(request.payloads) != 1:

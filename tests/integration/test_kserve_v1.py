@@ -24,8 +24,11 @@ def v1(daemon, method: str, path: str, **kwargs) -> requests.Response:
 
 
 def test_v1_lists_models_and_readiness(daemon) -> None:
-    assert v1(daemon, "GET", "/v1/models").json() == {"models": ["echo", "tiny"]}
-    assert v1(daemon, "GET", "/v1/models/tiny").json() == {"name": "tiny", "ready": True}
+    listed = v1(daemon, "GET", "/v1/models").json()
+    assert listed["models"] == ["echo", "tiny"]  # KServe's shape; OpenAI's beside it
+    assert [m["id"] for m in listed["data"]] == ["echo", "tiny"]
+    one = v1(daemon, "GET", "/v1/models/tiny").json()
+    assert (one["name"], one["ready"], one["id"], one["object"]) == ("tiny", True, "tiny", "model")
     missing = v1(daemon, "GET", "/v1/models/nope")
     assert missing.status_code == 404
     assert missing.json() == {"error": "Model not found: nope"}

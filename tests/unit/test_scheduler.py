@@ -3,6 +3,7 @@ deadlines, batches, retries and answers, as the actions it asks the controller t
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from mservd import protocol
@@ -130,8 +131,8 @@ def test_scheduler_drops_a_queued_request_whose_client_went_away() -> None:
     s, mv = setup(batch_size=1)
     s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
     s.submit(FRONTEND, route(b"gone", 0.0), [], now=0.0)
-    assert s.cancel(FRONTEND, b"gone") is mv
-    assert len(mv.batcher) == 0 and s.cancel(FRONTEND, b"gone") is None
+    assert s.cancel(FRONTEND, b"gone", now=0.1) == (mv, [])
+    assert len(mv.batcher) == 0 and s.cancel(FRONTEND, b"gone", now=0.1) == (None, [])
 
 
 def test_scheduler_refuses_a_model_without_a_serving_worker() -> None:
@@ -148,3 +149,27 @@ def test_scheduler_answers_everything_when_the_server_stops() -> None:
     closed = s.close("The server stopped.")
     assert sorted(a.rid for a in closed) == [b"queued", b"running"]
     assert s.idle()
+
+
+def test_continuous_batching_fills_free_slots_at_once_and_answers_each_request_alone() -> None:
+    s, mv = setup(settings=Settings(), batch_size=2, max_batch_delay=100)
+    mv.settings = dataclasses.replace(mv.settings, continuous_batching=True)
+    [first] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
+    [second] = s.submit(FRONTEND, route(b"b", 0.01), [], now=0.01)  # joins, no batch delay
+    assert first.worker is second.worker and [p.rid for p in second.requests] == [b"b"]
+    assert s.submit(FRONTEND, route(b"c", 0.02), [], now=0.02) == []  # both slots taken
+    assert s.progress(first.worker, b"a", now=0.5) == FRONTEND  # a streamed part of "a"
+    actions = s.finished(first.worker, [ok(b"b")], now=1.0)  # "b" finished, "a" runs on
+    assert kinds(actions) == ["Forward", "SendBatch"]
+    assert [p.rid for p in actions[1].requests] == [b"c"]
+    assert s.is_busy(first.worker)
+
+
+def test_continuous_batching_frees_the_slot_of_a_client_that_went_away() -> None:
+    s, mv = setup(settings=Settings(), batch_size=1)
+    mv.settings = dataclasses.replace(mv.settings, continuous_batching=True)
+    [send] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
+    s.submit(FRONTEND, route(b"b", 0.0), [], now=0.0)
+    gone, actions = s.cancel(FRONTEND, b"a", now=0.2)
+    assert gone is mv and kinds(actions) == ["CancelRunning", "SendBatch"]
+    assert actions[0].rid == b"a" and [p.rid for p in actions[1].requests] == [b"b"]

@@ -19,7 +19,7 @@ from typing import Any
 
 from mservd import protocol
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.http.request import JSON, Answer, HttpRequest, relay
+from mservd.frontends.http.request import JSON, TORCHSERVE, Answer, HttpRequest, relay
 from mservd.frontends.http.shedding import Door, Shedder
 from mservd.protocol import Reply
 from mservd.specs import HttpFrontendSpec
@@ -72,18 +72,19 @@ class Gateway:
         return None
 
     async def forward(self, request: HttpRequest, frames: FrameBuilder, stream: bool = False,
-                      kserve: bool = False) -> Answer:
+                      shape: str = TORCHSERVE, door: bool = True) -> Answer:
         """One prediction through the door to the controller and back; the answer is relayed
-        as it is (``kserve``: errors rewritten to ``{"error": ...}``)."""
+        as it is, errors in the route's ``shape``. Without ``door`` (a route whose model is
+        named in its body) only the controller refuses overload."""
         path = request.path
-        refusal = self.door.refusal(path)
+        refusal = self.door.refusal(path) if door else None
         if refusal is not None:
             return Answer(503, refusal, JSON, list(RETRY_AFTER))
         if self.auth:
             refused = await self.authorize(request)
             if refused is not None:
-                return relay(refused, kserve=kserve)
-        limit = self.door.let_in(path)
+                return relay(refused, shape=shape)
+        limit = self.door.let_in(path) if door else None
         status, retry_after, body = 500, False, b""
         try:
             self.shedder.check()
@@ -100,8 +101,9 @@ class Gateway:
             status, body = reply.status, reply.body
             retry_after = "Retry-After" in (reply.headers or {})
         finally:
-            self.door.answered(path, limit, status, time.perf_counter() - request.started,
-                               retry_after, body)
-        answer = relay(reply, [("x-request-id", rid_text)], kserve=kserve)
+            if door:
+                self.door.answered(path, limit, status, time.perf_counter() - request.started,
+                                   retry_after, body)
+        answer = relay(reply, [("x-request-id", rid_text)], shape=shape)
         answer.rid = rid_text
         return answer

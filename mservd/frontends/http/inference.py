@@ -1,8 +1,9 @@
 """The inference port's routes, all on the worker's event loop.
 
-``/predictions`` and ``/explanations`` (TorchServe, here), ``/v1/models`` (KServe v1,
-``kserve_v1.py``), ``/v2`` (Open Inference Protocol v2, ``v2.py``), ``/ping`` and the OpenAPI
-document. Every prediction, whatever its protocol, passes the one :class:`~.gateway.Gateway`.
+``/predictions`` and ``/explanations`` (TorchServe, here), ``/v1/models`` (KServe v1 and
+OpenAI's model list, ``kserve_v1.py``), ``/v1/chat/completions``, ``/v1/completions`` and
+``/v1/embeddings`` (OpenAI, ``openai.py``, also under ``/openai/v1``), ``/v2`` (Open Inference
+Protocol v2, ``v2.py``), ``/ping`` and the OpenAPI document. Every prediction, whatever its protocol, passes the one :class:`~.gateway.Gateway`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any
 from mservd import protocol
 from mservd.errors import MethodNotAllowed, ResourceNotFound
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.http import kserve_v1, v2
+from mservd.frontends.http import kserve_v1, openai, v2
 from mservd.frontends.http.gateway import Gateway
 from mservd.frontends.http.openapi import inference_api
 from mservd.frontends.http.request import (
+    OPENAI_PATHS,
     Answer,
     HttpRequest,
     forwarded_headers,
@@ -38,8 +40,13 @@ class InferenceRoutes:
         path = request.path
         if path.startswith(("/predictions/", "/explanations/")):
             return await self.predict(request)
+        if path.startswith(OPENAI_PATHS):
+            if path.startswith(("/openai/v1/models", "/v1/models")):
+                return await kserve_v1.answer(self.gateway, request,
+                                              path.removeprefix("/openai"))
+            return await openai.answer(self.gateway, request)
         if path.startswith("/v1/models"):
-            return await kserve_v1.answer(self.gateway, request)
+            return await kserve_v1.answer(self.gateway, request, path)
         if path == "/v2" or path.startswith("/v2/"):
             return await v2.answer(self.gateway, request)
         if path == "/ping":

@@ -117,9 +117,28 @@ class HttpRequest:
         return bearer_token(self.headers.get("authorization")) if auth else None
 
 
-def kserve_shaped(path: str) -> bool:
-    """KServe's routes answer errors as ``{"error": ...}``; TorchServe's as code/type/message."""
-    return path == "/v2" or path.startswith(("/v1/", "/v2/"))
+TORCHSERVE, KSERVE, OPENAI = "torchserve", "kserve", "openai"  # the three error shapes
+OPENAI_PATHS = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/openai/")
+
+
+def error_shape(path: str) -> str:
+    """How errors on ``path`` look: KServe's ``{"error": message}``, OpenAI's ``{"error":
+    {"message", "type", "param", "code"}}``, else TorchServe's ``{"code", "type", "message"}``."""
+    if path.startswith(OPENAI_PATHS):
+        return OPENAI
+    if path == "/v2" or path.startswith(("/v1/", "/v2/")):
+        return KSERVE
+    return TORCHSERVE
+
+
+def error_body(shape: str, status: int, type_: str, message: str) -> bytes:
+    if shape == KSERVE:
+        return json.dumps({"error": message}).encode()
+    if shape == OPENAI:
+        kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
+        return json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                     "code": type_}}).encode()
+    return json.dumps({"code": status, "type": type_, "message": message}).encode()
 
 
 def challenged(status: int, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -131,22 +150,55 @@ def challenged(status: int, headers: list[tuple[str, str]]) -> list[tuple[str, s
 
 def error_answer(path: str, exc: MservdError) -> Answer:
     """The answer to an error raised while serving ``path``, in that route's error shape."""
-    body = (json.dumps({"error": exc.message}).encode() if kserve_shaped(path)
-            else exc.to_body())
-    return Answer(exc.http_status, body, JSON,
+    return Answer(exc.http_status, error_body(error_shape(path), exc.http_status, exc.type,
+                                              exc.message), JSON,
                   challenged(exc.http_status, list(exc.headers.items())))
 
 
 def relay(reply: Reply, extra: list[tuple[str, str]] | None = None,
-          kserve: bool = False) -> Answer:
-    """The controller's or worker's answer as it is (``kserve``: errors as ``{"error": ...}``)."""
+          shape: str = TORCHSERVE) -> Answer:
+    """The controller's or worker's answer as it is; an error in the route's ``shape``."""
     headers = challenged(reply.status, list((reply.headers or {}).items()) + (extra or []))
-    if kserve and reply.status >= 400:
+    if shape != TORCHSERVE and reply.status >= 400:
         kept = [(k, v) for k, v in headers
                 if k.lower() not in ("content-type", "content-length", V2_HEADER_LENGTH)]
-        body = json.dumps({"error": error_message(reply.body)}).encode()
+        body = reply.body if shape == OPENAI and _is_openai_error(reply.body) else error_body(
+            shape, reply.status, _error_type(reply.body), error_message(reply.body))
         return Answer(reply.status, body, JSON, kept)
     return Answer(reply.status, reply.body, reply.content_type, headers, reply.stream)
+
+
+def _is_openai_error(body: bytes) -> bool:
+    return body.startswith(b'{"error": {')
+
+
+def _error_type(body: bytes) -> str:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return "InternalServerException"
+    return str(doc.get("type", "InternalServerException")) if isinstance(doc, dict) else ""
+
+
+def as_events(answer: Answer, shape: str) -> Answer:
+    """A server-sent-event answer whose every part is an event: a part that is not (the
+    controller's error when the worker died or a deadline passed mid-stream) becomes an error
+    event in the route's ``shape``, then ``data: [DONE]``, so no client waits on a broken
+    stream."""
+    if answer.stream is None or not answer.content_type.startswith("text/event-stream"):
+        return answer
+    parts = answer.stream
+
+    async def events() -> AsyncIterator[bytes]:
+        async for body in parts:
+            if not body or body.startswith(b"data: "):
+                yield body
+                continue
+            error = error_body(shape, 500, _error_type(body), error_message(body))
+            yield b"data: " + error + b"\n\ndata: [DONE]\n\n"
+
+    answer.stream = events()
+    return answer
 
 
 def need_method(request: HttpRequest, wanted: str) -> None:

@@ -201,10 +201,11 @@ MAX_KEPT_BODIES = 256  # refusal bodies kept per process, by (path, limit)
 
 
 def is_kserve_prediction(path: str) -> bool:
-    """KServe v1 ``:predict``/``:explain`` and v2 ``/infer``: let in or refused at the door
-    like ``/predictions``, and refused in KServe's ``{"error": ...}`` shape."""
+    """KServe v1 ``:predict``/``:explain``, v2 ``/infer`` and ``/generate[_stream]``: let in
+    or refused at the door like ``/predictions``, and refused in KServe's ``{"error": ...}``
+    shape."""
     return path.startswith(("/v1/models/", "/v2/models/")) and path.endswith(
-        (":predict", ":explain", "/infer"))
+        (":predict", ":explain", "/infer", "/generate", "/generate_stream"))
 
 
 class Door:

@@ -8,11 +8,14 @@ Routes (``{m}`` a model name, ``/versions/{v}`` optional everywhere a model is n
     GET  /v2/models/{m}               model metadata (controller verb v2_model_metadata)
     GET  /v2/models/{m}/ready         200 when a worker is live (controller verb v2_model_ready)
     POST /v2/models/{m}/infer         forwarded as one PREDICT input; the worker decodes it
+    POST /v2/models/{m}/generate      Triton's generate extension (a generation model):
+    POST /v2/models/{m}/generate_stream  {"text_input", "parameters"} → {"text_output"}, the
+                                      stream as server-sent events (mservd/codecs/generate.py)
 
 The frontend never decodes an infer body: it forwards the bytes with a content type that marks
 them as v2 (and carries Inference-Header-Content-Length), and relays the worker's answer as it
 is. Every error is ``{"error": "..."}`` with the status of the failure
-(``request.kserve_shaped``).
+(``request.error_shape``).
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from mservd import __version__, protocol
 from mservd.errors import BadRequest, ResourceNotFound
 from mservd.frontends.http.gateway import Gateway
 from mservd.frontends.http.request import (
+    KSERVE,
     Answer,
     HttpRequest,
+    as_events,
     forwarded_headers,
     need_method,
     relay,
@@ -34,7 +39,7 @@ from mservd.v2.handling import HEADER_LENGTH
 from mservd.v2.handling import content_type as v2_content_type
 
 SERVER_NAME = "mservd"
-EXTENSIONS = ["binary_tensor_data"]
+EXTENSIONS = ["binary_tensor_data", "generate"]
 
 
 def server_metadata() -> dict[str, Any]:
@@ -65,19 +70,30 @@ async def answer(routes: Gateway, request: HttpRequest) -> Answer:
         names = {"model": model, "version": version}
         if rest is None:
             need_method(request, "GET")
-            return relay(await routes.ask("v2_model_metadata", names, token), kserve=True)
+            return relay(await routes.ask("v2_model_metadata", names, token), shape=KSERVE)
         if rest == "ready":
             need_method(request, "GET")
             reply = await routes.ask("v2_model_ready", names, token)
             if reply.status == 200 and not json.loads(reply.body).get("ready"):
                 return json_answer(503, json.loads(reply.body))
-            return relay(reply, kserve=True)
+            return relay(reply, shape=KSERVE)
         if rest == "infer":
             need_method(request, "POST")
             return await infer(routes, request, model, version, token)
+        if rest in ("generate", "generate_stream"):  # Triton's generate extension
+            need_method(request, "POST")
+
+            def frames(rid: bytes, body: bytes) -> list[bytes]:
+                return protocol.prediction(rid, model, version, token, protocol.CODEC_GENERATE,
+                                           [(rest, "application/json")],
+                                           forwarded_headers(request.headers), [body])
+
+            return as_events(await routes.forward(request, frames, stream=True, shape=KSERVE),
+                             KSERVE)
     raise ResourceNotFound(f"Requested resource is not found: {request.method} {path}. The v2 "
                            "routes are /v2, /v2/health/{live,ready} and "
-                           "/v2/models/{model}[/versions/{version}][/ready|/infer].")
+                           "/v2/models/{model}[/versions/{version}]"
+                           "[/ready|/infer|/generate|/generate_stream].")
 
 
 def _model_path(parts: list[str], path: str) -> tuple[str, str | None, str | None]:
@@ -114,4 +130,4 @@ async def infer(routes: Gateway, request: HttpRequest, model: str, version: str 
                                    [("v2", v2_content_type(length))],
                                    forwarded_headers(request.headers), [body])
 
-    return await routes.forward(request, frames, kserve=True)
+    return await routes.forward(request, frames, shape=KSERVE)

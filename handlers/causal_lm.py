@@ -1,0 +1,326 @@
+"""Text generation with a transformers causal LM, one decoding step per call (continuous batching).
+
+Written the way TorchServe's continuous-batching handlers are, so the same file runs on
+TorchServe 0.12 (it imports nothing of mservd): with ``continuousBatching: true`` in
+model-config.yaml the server calls :meth:`CausalLM.handle` once per step with every running
+request (new ones first appear with their body); each call prefills the new requests, runs one
+batched decoding step for all of them, and returns one text delta per request.
+``context.stopping_criteria`` tells the server which are finished; their state leaves
+``context.cache`` and the slot is free for the next request. Without ``continuousBatching`` one
+call runs its batch to the end, streaming each step's deltas with
+``send_intermediate_predict_response``.
+
+The sequences share one KV cache (transformers' ``DynamicCache``), left-padded to a common
+length with an attention mask; a joining sequence is prefilled alone and padded in, a leaving
+one is dropped from it. Greedy output is the tokens ``generate()`` gives for that prompt alone.
+
+A request body is JSON: ``{"prompt": "..."}`` or ``{"messages": [{"role", "content"}, ...]}``
+(through the tokenizer's chat template), with ``max_tokens``, ``temperature``, ``top_p``,
+``seed``, ``stop`` (a string or a list) and ``ignore_eos``; a plain text body is the prompt.
+model-config.yaml ``handler:`` may set ``max_new_tokens`` (the default ``max_tokens``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 256
+
+
+class CausalLM:
+    """The handler. Its helper types are nested: TorchServe wants one class per handler file."""
+
+    @dataclass
+    class Sequence:
+        """One request's generation: its settings, its tokens so far, and its text so far."""
+
+        prompt_tokens: int
+        max_tokens: int
+        temperature: float
+        top_p: float
+        stop: list[str]
+        ignore_eos: bool
+        generator: torch.Generator | None
+        generated: list[int] = field(default_factory=list)
+        text: str = ""
+        finish_reason: str | None = None
+        next_token: int = 0  # the token the next decoding step feeds in
+        position: int = 0  # its position
+
+    class TextDelta(str):
+        """The text one step added to a request's answer, with what a client may want to know."""
+
+        finish_reason: str | None = None  # "stop" (EOS, a stop string), "length"; None: going on
+        prompt_tokens: int = 0
+        completion_tokens: int = 0
+
+        @classmethod
+        def make(cls, text: str, seq: CausalLM.Sequence) -> CausalLM.TextDelta:
+            delta = cls(text)
+            delta.finish_reason = seq.finish_reason
+            delta.prompt_tokens = seq.prompt_tokens
+            delta.completion_tokens = len(seq.generated)
+            return delta
+
+    class Refused(ValueError):
+        """A request the model cannot run (its prompt is longer than the context, a bad field)."""
+
+    def initialize(self, context: Any) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        properties = context.system_properties
+        model_dir = properties.get("model_dir")
+        gpu = properties.get("gpu_id")
+        self.device = torch.device(f"cuda:{gpu}" if gpu is not None and torch.cuda.is_available()
+                                   else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.to(self.device).eval()
+        config = context.model_yaml_config or {}
+        self.continuous = bool(config.get("continuousBatching"))
+        handler_config = config.get("handler") or {}
+        self.default_max_tokens = int(handler_config.get("max_new_tokens", DEFAULT_MAX_TOKENS))
+        self.context_length = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        eos = self.model.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.pad_id = self.tokenizer.pad_token_id or 0
+        context.cache = {}
+        self.rows: list[str] = []  # request id of each row of the shared cache
+        self.cache: Any = None
+        self.mask: torch.Tensor | None = None  # (rows, cached length): 0 where padded
+
+    # -- one step ------------------------------------------------------------------------
+
+    def handle(self, data: list[Any], context: Any) -> list[Any]:
+        ids = [context.request_ids[i] for i in range(len(data))]
+        if self.continuous:
+            return self.step(data, ids, context)
+        return self.run_to_end(data, ids, context)
+
+    def step(self, data: list[Any], ids: list[str], context: Any) -> list[Any]:
+        """Prefill the requests seen for the first time, then one decoding step for every
+        running sequence (a just-prefilled one too, when others needed the step anyway)."""
+        cache = context.cache
+        outputs: dict[str, Any] = {}
+        self.forget(set(self.rows) - set(ids), context)  # gone: finished or cancelled
+        for rid, row in zip(ids, data):
+            if rid not in cache:
+                try:
+                    outputs[rid] = self.prefill(rid, row, cache)
+                except self.Refused as exc:
+                    outputs[rid] = refusal(str(exc))
+        if any(rid not in outputs and cache[rid].finish_reason is None for rid in self.rows):
+            for rid, delta in self.decode(cache).items():
+                before = outputs.get(rid)
+                outputs[rid] = (self.TextDelta.make(before + delta, cache[rid]) if before
+                                else delta)
+        for rid in ids:  # finished in an earlier step, still in a static batch
+            if rid not in outputs:
+                outputs[rid] = self.TextDelta.make("", cache[rid])
+        context.stopping_criteria = [self.stopper(rid, cache) for rid in ids]
+        return [outputs[rid] for rid in ids]
+
+    def run_to_end(self, data: list[Any], ids: list[str], context: Any) -> list[Any]:
+        """The whole batch to its end in this call, each step's deltas streamed as they come."""
+        from ts.handler_utils.utils import send_intermediate_predict_response
+
+        outputs = self.step(data, ids, context)
+        while not all(stop(out) for stop, out in zip(context.stopping_criteria, outputs)):
+            send_intermediate_predict_response(outputs, context.request_ids, "Intermediate "
+                                               "Prediction success", 200, context)
+            outputs = self.step(data, ids, context)
+        self.forget(set(ids), context)
+        return outputs
+
+    @staticmethod
+    def stopper(rid: str, cache: dict[str, Any]):
+        def finished(_output: Any) -> bool:
+            seq = cache.get(rid)
+            return seq is None or seq.finish_reason is not None
+        return finished
+
+    # -- requests join and leave ---------------------------------------------------------
+
+    def prefill(self, rid: str, row: Any, cache: dict[str, Any]) -> CausalLM.TextDelta:
+        from transformers import DynamicCache
+
+        request = parse_request(row)
+        input_ids = self.encode_prompt(request)
+        prompt_tokens = input_ids.shape[1]
+        max_tokens = int(request.get("max_tokens") or self.default_max_tokens)
+        if max_tokens < 1:
+            raise CausalLM.Refused("max_tokens must be at least 1.")
+        if prompt_tokens + max_tokens > self.context_length:
+            raise CausalLM.Refused(
+                f"The prompt has {prompt_tokens} tokens; with max_tokens {max_tokens} that is "
+                f"more than the model's context of {self.context_length} tokens.")
+        seed = request.get("seed")
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(int(seed))
+        stop = request.get("stop") or []
+        seq = self.Sequence(prompt_tokens, max_tokens,
+                            float(request.get("temperature", 0.0) or 0.0),
+                            float(request.get("top_p", 1.0) or 1.0),
+                            [stop] if isinstance(stop, str) else list(stop),
+                            bool(request.get("ignore_eos")), generator)
+        own = DynamicCache()
+        with torch.inference_mode():
+            logits = self.model(input_ids.to(self.device), past_key_values=own,
+                                use_cache=True).logits[:, -1, :]
+        seq.position = prompt_tokens
+        cache[rid] = seq
+        self.join(rid, own, prompt_tokens)
+        return self.advance(rid, seq, logits[0])
+
+    def join(self, rid: str, own: Any, length: int) -> None:
+        """Pad the new sequence's cache and the shared one to one length, and stack them."""
+        mask = torch.ones((1, length), dtype=torch.long, device=self.device)
+        if self.cache is None or not self.rows:
+            self.cache, self.mask, self.rows = own, mask, [rid]
+            return
+        shared = self.mask.shape[1]
+        width = max(shared, length)
+        for mine, theirs in zip(own.layers, self.cache.layers):
+            mine.keys, mine.values = left_pad(mine.keys, width), left_pad(mine.values, width)
+            theirs.keys = torch.cat([left_pad(theirs.keys, width), mine.keys])
+            theirs.values = torch.cat([left_pad(theirs.values, width), mine.values])
+        self.mask = torch.cat([left_pad(self.mask, width), left_pad(mask, width)])
+        self.rows.append(rid)
+
+    def forget(self, gone: set[str], context: Any) -> None:
+        """Drop finished or cancelled sequences from the shared cache and from context.cache."""
+        for rid in gone:
+            context.cache.pop(rid, None)
+        if not gone & set(self.rows):
+            return
+        keep = [i for i, rid in enumerate(self.rows) if rid not in gone]
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self.cache, self.mask = None, None
+            return
+        index = torch.tensor(keep, device=self.device)
+        self.mask = self.mask[index]
+        drop = int((self.mask.sum(dim=0) == 0).long().cumprod(0).sum())  # all-padding columns
+        self.mask = self.mask[:, drop:]
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[index, :, drop:]
+            layer.values = layer.values[index, :, drop:]
+
+    # -- decoding ----------------------------------------------------------------------
+
+    def decode(self, cache: dict[str, Any]) -> dict[str, CausalLM.TextDelta]:
+        """One batched step over the shared cache; every unfinished sequence gets a token."""
+        rows = self.rows
+        tokens = torch.tensor([[cache[r].next_token] for r in rows], device=self.device)
+        positions = torch.tensor([[cache[r].position] for r in rows], device=self.device)
+        self.mask = torch.cat([self.mask, torch.ones((len(rows), 1), dtype=torch.long,
+                                                      device=self.device)], dim=1)
+        with torch.inference_mode():
+            logits = self.model(tokens, attention_mask=self.mask, position_ids=positions,
+                                past_key_values=self.cache, use_cache=True).logits[:, -1, :]
+        out = {}
+        for i, rid in enumerate(rows):
+            seq = cache[rid]
+            if seq.finish_reason is None:
+                seq.position += 1
+                out[rid] = self.advance(rid, seq, logits[i])
+        return out
+
+    def advance(self, rid: str, seq: CausalLM.Sequence,
+                logits: torch.Tensor) -> CausalLM.TextDelta:
+        """Pick the next token, and say what text it adds and whether the sequence ends."""
+        token = self.pick(seq, logits)
+        seq.next_token = token
+        if token in self.eos and not seq.ignore_eos:
+            seq.finish_reason = "stop"
+            return self.TextDelta.make("", seq)
+        seq.generated.append(token)
+        text = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
+        if text.endswith("\ufffd") and len(seq.generated) < seq.max_tokens:
+            delta = ""  # half of a character: wait for the rest of its bytes
+        else:
+            delta, seq.text = text[len(seq.text):], text
+        for stop in seq.stop:
+            at = seq.text.find(stop)
+            if stop and at >= 0:
+                keep = max(0, at - (len(seq.text) - len(delta)))
+                delta, seq.text = delta[:keep], seq.text[:at]
+                seq.finish_reason = "stop"
+                return self.TextDelta.make(delta, seq)
+        if len(seq.generated) >= seq.max_tokens:
+            seq.finish_reason = "length"
+        return self.TextDelta.make(delta, seq)
+
+    @staticmethod
+    def pick(seq: CausalLM.Sequence, logits: torch.Tensor) -> int:
+        if seq.temperature <= 0.0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits.float() / seq.temperature, dim=-1)
+        if seq.top_p < 1.0:
+            ordered, order = torch.sort(probs, descending=True)
+            beyond = torch.cumsum(ordered, dim=-1) - ordered > seq.top_p
+            ordered[beyond] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, ordered)
+        return int(torch.multinomial(probs, 1, generator=seq.generator))
+
+    def encode_prompt(self, request: dict[str, Any]) -> torch.Tensor:
+        messages = request.get("messages")
+        if messages is not None:
+            if not isinstance(messages, list) or not all(
+                    isinstance(m, dict) and isinstance(m.get("content", ""), str)
+                    for m in messages):
+                raise CausalLM.Refused('"messages" must be a list of {"role", "content"}.')
+            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                         return_tensors="pt")
+            ids = encoded if isinstance(encoded, torch.Tensor) else encoded["input_ids"]
+        else:
+            prompt = request.get("prompt")
+            if not isinstance(prompt, str) or not prompt:
+                raise CausalLM.Refused('Send a non-empty "prompt" string or "messages".')
+            ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
+        return ids
+
+
+def left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """``tensor`` with zeros added before its sequence dimension (the last for a mask, the
+    third for keys and values) up to ``width``."""
+    dim = 1 if tensor.dim() == 2 else 2
+    missing = width - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def parse_request(row: Any) -> dict[str, Any]:
+    """A request's fields from its row: a JSON body (as a dict, or bytes), or plain text."""
+    body = row.get("body", row.get("data")) if isinstance(row, dict) else row
+    if isinstance(body, (bytes, bytearray)):
+        text = bytes(body).decode("utf-8", "replace")
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = text
+    if isinstance(body, str):
+        return {"prompt": body}
+    if not isinstance(body, dict):
+        raise CausalLM.Refused('The body must be JSON {"prompt": ...} or {"messages": [...]}.')
+    return body
+
+
+def refusal(message: str) -> Any:
+    """A request's own error: mservd's RequestError, else (on TorchServe) the message."""
+    try:
+        from handlers.errors import RequestError
+    except ImportError:
+        return message
+    return RequestError(400, message, "BadRequestException")

@@ -1,0 +1,130 @@
+"""The worker's loop for a model with ``continuousBatching``: requests join and leave between
+steps.
+
+Each turn reads what the controller sent without waiting while sequences run (new requests,
+and CANCEL for a client that went away), then calls the handler once with every running
+request, TorchServe's way: the handler prefills the new ones and runs one decoding step for
+all (``handlers/causal_lm.py``), keeping its state in ``context.cache`` and saying in
+``context.stopping_criteria`` which requests are finished. A finished request's answer goes
+back at once in a DONE of its own; the others' step outputs go as CHUNKs (when their codec
+streams). A request whose client went away leaves before the next step, so its slot is free.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import zmq
+
+from mservd import codecs, protocol
+from mservd.codecs import Call, Codec
+from mservd.lifeline import parent_changed
+
+log = logging.getLogger("mservd.worker")
+
+
+class Running:
+    """The requests a continuous worker runs, in the order they joined."""
+
+    def __init__(self) -> None:
+        self.requests: dict[bytes, tuple[protocol.Request, Codec, Call]] = {}
+
+    def join(self, request: protocol.Request, codec: Codec, call: Call) -> None:
+        self.requests[request.rid] = (request, codec, call)
+
+    def leave(self, rid: bytes, context: Any) -> None:
+        self.requests.pop(rid, None)
+        cache = getattr(context, "cache", None)
+        if isinstance(cache, dict):
+            cache.pop(rid.decode(), None)  # TorchServe's handlers key their state by request id
+
+
+def serve_continuous(sock: Any, handler: Any, context: Any, worker_id: str, parent: int,
+                     max_response_size: int, ship_metrics: Any) -> int:
+    """Run requests until told to stop; the worker's exit code."""
+    running = Running()
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    shipped = time.monotonic()
+    while True:
+        if not poller.poll(0 if running.requests else 1000):
+            if not running.requests:
+                if parent_changed(parent):
+                    log.warning("controller is gone; worker %s exits", worker_id)
+                    return 0
+                ship_metrics(sock, context)
+                continue
+        while sock.poll(0, zmq.POLLIN):
+            frames = sock.recv_multipart()
+            kind = frames[0]
+            if kind == protocol.STOP:
+                log.info("worker %s stopping", worker_id)
+                return 0
+            if kind == protocol.CANCEL and len(frames) == 2:
+                running.leave(frames[1], context)
+            elif kind == protocol.BATCH:
+                admit(sock, frames[1:], running, context)
+            else:
+                log.error("worker dropped a message of kind %r", kind[:8])
+        if running.requests:
+            step(sock, handler, context, running, max_response_size)
+        if time.monotonic() - shipped >= 1.0:
+            shipped = time.monotonic()
+            ship_metrics(sock, context)
+
+
+def admit(sock: Any, frames: list[bytes], running: Running, context: Any) -> None:
+    """Decode new requests; one that cannot be decoded is answered 400 at once."""
+    try:
+        requests = protocol.parse_batch(frames)
+    except protocol.ProtocolError as exc:
+        log.error("worker dropped a malformed batch: %s", exc)
+        return
+    decoded, refused = codecs.decode(requests, context)
+    for request, codec, call in decoded:
+        running.join(request, codec, call)
+    if refused:
+        sock.send_multipart(protocol.done(refused))
+
+
+def step(sock: Any, handler: Any, context: Any, running: Running, limit: int) -> None:
+    """One call of the handler with every running request (one row each)."""
+    entries = list(running.requests.values())
+    rows, ids, headers = [], [], []
+    for index, (request, codec, call) in enumerate(entries):
+        call.first = index
+        rows.append(call.rows[0])
+        ids.append(request.rid.decode())
+        headers.append(request.headers)
+    context.begin_batch(ids, headers)
+    context.calls = [(call, codec) for _, codec, call in entries]
+    context.stopping_criteria = None
+    try:
+        outputs = handler.handle(rows, context)
+        if not isinstance(outputs, (list, tuple)) or len(outputs) != len(rows):
+            raise ValueError(f"Handler returned {type(outputs).__name__} for {len(rows)} "
+                             "running requests; handle() must return one item per request.")
+    except Exception as exc:  # the handler's failure fails the requests it was running
+        log.error("step of requests %s failed: %s", ",".join(ids), exc, exc_info=True)
+        message = f"{type(exc).__name__}: {exc}"
+        sock.send_multipart(protocol.done(
+            protocol.Result(r.rid, *codec.error(500, "InternalServerException", message))
+            for r, codec, _ in entries))
+        for request, _, _ in entries:
+            running.leave(request.rid, context)
+        return
+    criteria = context.stopping_criteria
+    finished = []
+    for index, ((request, codec, call), output) in enumerate(zip(entries, outputs)):
+        if criteria is None or criteria[index](output):
+            finished.append(protocol.Result(request.rid,
+                                            *codec.encode(call, [output], context, limit)))
+            running.leave(request.rid, context)
+            continue
+        part = codec.encode_part(call, output, context, limit)
+        if part is not None:
+            sock.send_multipart(protocol.chunk(protocol.Result(request.rid, *part)))
+    if finished:
+        sock.send_multipart(protocol.done(finished))

@@ -1,0 +1,108 @@
+"""OpenAI's API on the inference port, also under ``/openai/v1/...`` as KServe serves it::
+
+    POST /v1/chat/completions    messages through the model's chat template
+    POST /v1/completions         a prompt
+    POST /v1/embeddings          one vector per input text (an embedding model, e.g. minilm)
+
+(``GET /v1/models[/{id}]`` is shared with KServe V1: ``kserve_v1.py`` answers both.) The model
+is named in the body, so the body is read and its fields checked here; it then travels as it
+came to the model's worker, whose OpenAI codec (``mservd/codecs/openai.py``) makes the rows and
+the answer: server-sent events ending ``data: [DONE]`` when ``stream`` is true. Errors are
+OpenAI's ``{"error": {"message", "type", "param", "code"}}``; overload is 503 with
+``Retry-After``; the bearer token is checked as for every prediction.
+"""
+
+from __future__ import annotations
+
+import json
+from numbers import Real
+from typing import Any
+
+from mservd import protocol
+from mservd.errors import BadRequest, ResourceNotFound
+from mservd.frontends.http.gateway import Gateway
+from mservd.frontends.http.request import (
+    OPENAI,
+    Answer,
+    HttpRequest,
+    as_events,
+    forwarded_headers,
+    need_method,
+)
+
+ENDPOINTS = {"chat/completions": "chat", "completions": "completion", "embeddings": "embedding"}
+MAX_STOPS = 4
+
+
+async def answer(routes: Gateway, request: HttpRequest) -> Answer:
+    path = request.path.rstrip("/")
+    endpoint = path.removeprefix("/openai").removeprefix("/v1/")
+    kind = ENDPOINTS.get(endpoint)
+    if kind is None:
+        raise ResourceNotFound(f"Requested resource is not found: {request.method} {path}. The "
+                               "OpenAI routes are /v1/chat/completions, /v1/completions, "
+                               "/v1/embeddings and /v1/models.")
+    need_method(request, "POST")
+
+    def frames(rid: bytes, body: bytes) -> list[bytes]:
+        doc = check(kind, body)
+        return protocol.prediction(rid, doc["model"], None, routes.token(request),
+                                   protocol.CODEC_OPENAI, [(kind, "application/json")],
+                                   forwarded_headers(request.headers), [body])
+
+    return as_events(await routes.forward(request, frames, stream=True, shape=OPENAI,
+                                          door=False), OPENAI)
+
+
+def check(kind: str, body: bytes) -> dict[str, Any]:
+    """The body's fields, checked as OpenAI checks them.
+
+    :raises BadRequest: a field is missing, of the wrong type or out of range.
+    """
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"The body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("The body must be a JSON object.")
+    if not isinstance(doc.get("model"), str) or not doc["model"]:
+        raise BadRequest('"model" is required: the name of a registered model.')
+    if kind == "embedding":
+        if "input" not in doc:
+            raise BadRequest('"input" is required: a string or a list of strings.')
+        return doc
+    if kind == "chat":
+        messages = doc.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise BadRequest('"messages" is required: a list of {"role", "content"}.')
+    elif not isinstance(doc.get("prompt"), str):
+        raise BadRequest('"prompt" is required and must be a string.')
+    if doc.get("n", 1) != 1:
+        raise BadRequest('Only "n": 1 is served: one choice per request.')
+    _number(doc, "temperature", 0.0, 2.0)
+    _number(doc, "top_p", 0.0, 1.0)
+    for key in ("max_tokens", "max_completion_tokens", "seed"):
+        value = doc.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or (key != "seed" and value < 1)):
+            raise BadRequest(f'"{key}" must be a positive integer.')
+    stop = doc.get("stop")
+    if stop is not None and not (isinstance(stop, str) or (
+            isinstance(stop, list) and len(stop) <= MAX_STOPS
+            and all(isinstance(s, str) for s in stop))):
+        raise BadRequest(f'"stop" must be a string or a list of at most {MAX_STOPS} strings.')
+    if not isinstance(doc.get("stream", False), bool):
+        raise BadRequest('"stream" must be true or false.')
+    options = doc.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest('"stream_options" must be an object.')
+    return doc
+
+
+def _number(doc: dict[str, Any], key: str, low: float, high: float) -> None:
+    value = doc.get(key)
+    if value is None:
+        return
+    if not isinstance(value, Real) or isinstance(value, bool) or not low <= value <= high:
+        raise BadRequest(f'"{key}" must be a number from {low:g} to {high:g}.')

@@ -1,0 +1,210 @@
+"""Generative models: SmolLM2 served with continuous batching, tokens streamed over
+/predictions and OpenAI's API, checked with the real ``openai`` client."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+import requests
+
+PROMPTS = ["What is the capital of France?", "Name three colors.", "Count from one to five."]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, store):
+    from conftest import Daemon
+
+    daemon = Daemon(tmp_path_factory.mktemp("generation"), store,
+                    {"load_models": "smollm2.mar,minilm.mar"}, args=("--enable-model-api",))
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def client(daemon) -> openai.OpenAI:
+    return openai.OpenAI(base_url=daemon.url("inference", "/v1"),
+                         api_key=daemon.key("inference") or "unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def alone(store, tmp_path_factory) -> dict[str, str]:
+    """Each prompt's greedy answer from transformers' generate(), one prompt at a time."""
+    import zipfile
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("smollm2-model")
+    with zipfile.ZipFile(store / "smollm2.mar") as archive:
+        archive.extractall(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    answers = {}
+    for prompt in PROMPTS:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                            add_generation_prompt=True,
+                                            return_tensors="pt")["input_ids"]
+        out = model.generate(ids, max_new_tokens=24, do_sample=False)
+        answers[prompt] = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    return answers
+
+
+def chat(client, prompt: str, **kwargs):
+    return client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": prompt}], **kwargs)
+
+
+def test_concurrent_greedy_answers_are_the_tokens_generate_gives_each_prompt_alone(
+        client, alone) -> None:
+    with ThreadPoolExecutor(len(PROMPTS) * 2) as pool:
+        answers = list(pool.map(lambda p: chat(client, p, max_tokens=24), PROMPTS * 2))
+    for prompt, answer in zip(PROMPTS * 2, answers):
+        assert answer.choices[0].message.content == alone[prompt]
+
+
+def test_chat_answers_with_usage_and_finish_reason(client) -> None:
+    answer = chat(client, PROMPTS[0], max_tokens=20)
+    assert answer.object == "chat.completion" and answer.model == "smollm2"
+    assert answer.choices[0].message.content == "The capital of France is Paris."
+    assert answer.choices[0].finish_reason == "stop"
+    usage = answer.usage
+    assert usage.prompt_tokens > 0 and usage.completion_tokens == 7
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    cut = chat(client, PROMPTS[0], max_tokens=3)
+    assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 3
+
+
+def test_chat_streams_each_token_as_an_event_then_usage(client) -> None:
+    events = list(chat(client, PROMPTS[0], max_tokens=20, stream=True,
+                       stream_options={"include_usage": True}))
+    deltas = [e.choices[0].delta.content or "" for e in events if e.choices]
+    assert deltas[0] == "The" and len([d for d in deltas if d]) == 7
+    assert "".join(deltas) == "The capital of France is Paris."
+    assert [e.choices[0].finish_reason for e in events if e.choices][-1] == "stop"
+    assert events[-1].usage.completion_tokens == 7
+
+
+def test_sse_ends_with_done_on_the_wire(daemon) -> None:
+    body = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 4,
+            "stream": True}
+    answer = requests.post(daemon.url("inference", "/openai/v1/completions"), json=body,
+                           headers=daemon._headers("inference", None), timeout=60)
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    events = [line for line in answer.text.split("\n\n") if line]
+    assert events[-1] == "data: [DONE]"
+    texts = [json.loads(e.removeprefix("data: "))["choices"][0]["text"] for e in events[:-1]]
+    assert "".join(texts) == " Paris.\n\n"
+
+
+def test_completion_stops_at_a_stop_string(client) -> None:
+    answer = client.completions.create(model="smollm2", prompt="The capital of France is",
+                                       max_tokens=10, stop=["."])
+    assert answer.choices[0].text == " Paris"
+    assert answer.choices[0].finish_reason == "stop"
+
+
+def test_sampling_with_a_seed_repeats_itself(client) -> None:
+    first, second = (chat(client, PROMPTS[1], max_tokens=12, temperature=0.9, top_p=0.9,
+                          seed=7).choices[0].message.content for _ in range(2))
+    assert first == second
+
+
+def test_predictions_route_streams_the_same_tokens_in_http_chunks(daemon) -> None:
+    body = {"messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 20}
+    answer = requests.post(daemon.url("inference", "/predictions/smollm2"), json=body,
+                           headers=daemon._headers("inference", None), stream=True, timeout=60)
+    chunks = [c.decode() for c in answer.iter_content(chunk_size=None)]
+    assert answer.status_code == 200 and len(chunks) > 1
+    assert "".join(chunks) == "The capital of France is Paris."
+
+
+def test_embeddings_come_from_an_embedding_model(client) -> None:
+    answer = client.embeddings.create(model="minilm", input=["hello world", "goodbye"])
+    assert [d.index for d in answer.data] == [0, 1]
+    assert all(len(d.embedding) == 384 for d in answer.data)
+
+
+def test_models_are_listed_for_openai_and_kserve_clients_alike(client, daemon) -> None:
+    assert {m.id for m in client.models.list()} == {"minilm", "smollm2"}
+    assert client.models.retrieve("smollm2").id == "smollm2"
+    kserve = requests.get(daemon.url("inference", "/v1/models"),
+                          headers=daemon._headers("inference", None), timeout=10).json()
+    assert sorted(kserve["models"]) == ["minilm", "smollm2"]
+
+
+def test_openai_errors_have_openais_shape(client) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    assert missing.value.body["code"] == "ModelNotFoundException"
+    with pytest.raises(openai.BadRequestError, match='"n": 1'):
+        chat(client, "hi", n=2)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        chat(client, "hi", temperature=5)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        chat(client, "hi", max_tokens=9000)
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot(daemon, store) -> None:
+    """With one slot, a second request runs only if the first one's slot was freed: the
+    first would otherwise generate thousands of tokens (EOS ignored)."""
+    added = daemon.manage("POST", "/models?url=smollm2.mar&model_name=onelane&batch_size=1"
+                                  "&initial_workers=1&synchronous=true")
+    assert added.status_code == 200, added.text
+    headers = daemon._headers("inference", None)
+    long = {"model": "onelane", "prompt": "Once upon a time", "max_tokens": 4000,
+            "ignore_eos": True, "stream": True}
+    with requests.post(daemon.url("inference", "/v1/completions"), json=long, headers=headers,
+                       stream=True, timeout=60) as first:
+        lines = first.iter_lines()
+        assert next(line for line in lines if line).startswith(b"data: ")
+    # the connection is closed: the next request gets the slot
+    second = requests.post(daemon.url("inference", "/v1/completions"), headers=headers,
+                           json={"model": "onelane", "prompt": "Hello", "max_tokens": 3},
+                           timeout=120)
+    assert second.status_code == 200, second.text
+    assert second.json()["usage"]["completion_tokens"] == 3
+
+
+def test_triton_generate_answers_whole_and_generate_stream_by_events(daemon) -> None:
+    headers = daemon._headers("inference", None)
+    body = {"text_input": "The capital of France is", "parameters": {"max_tokens": 4}}
+    whole = requests.post(daemon.url("inference", "/v2/models/smollm2/generate"), json=body,
+                          headers=headers, timeout=60)
+    assert whole.status_code == 200, whole.text
+    assert whole.json()["text_output"] == " Paris.\n\n"
+    assert whole.json()["model_name"] == "smollm2"
+    streamed = requests.post(daemon.url("inference", "/v2/models/smollm2/generate_stream"),
+                             json=body, headers=headers, timeout=60)
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(e.removeprefix("data: ")) for e in streamed.text.split("\n\n") if e]
+    assert len(events) > 1 and "".join(e["text_output"] for e in events) == " Paris.\n\n"
+    bad = requests.post(daemon.url("inference", "/v2/models/smollm2/generate"),
+                        json={"parameters": {}}, headers=headers, timeout=60)
+    assert bad.status_code == 400 and "text_input" in bad.json()["error"]
+
+
+def test_a_worker_that_dies_mid_stream_ends_it_with_an_error_event(daemon, client) -> None:
+    import os
+    import signal
+
+    added = daemon.manage("POST", "/models?url=smollm2.mar&model_name=fragile"
+                                  "&initial_workers=1&synchronous=true")
+    assert added.status_code == 200, added.text
+    [pid] = daemon.worker_pids("fragile")
+    long = {"model": "fragile", "prompt": "Once upon a time", "max_tokens": 4000,
+            "ignore_eos": True, "stream": True}
+    with requests.post(daemon.url("inference", "/v1/completions"), json=long, stream=True,
+                       headers=daemon._headers("inference", None), timeout=60) as answer:
+        lines = (line for line in answer.iter_lines() if line)
+        assert next(lines).startswith(b"data: {")
+        os.kill(pid, signal.SIGKILL)
+        rest = list(lines)  # ends: no client waits on a dead worker
+    assert rest[-1] == b"data: [DONE]"
+    error = json.loads(rest[-2].removeprefix(b"data: "))["error"]
+    assert error["message"] == "Worker died." and error["type"] == "server_error"
+    assert chat(client, PROMPTS[0], max_tokens=20).choices[0].message.content.startswith("The")
