@@ -105,17 +105,14 @@ class CausalLM:
         return self.run_to_end(data, ids, context)
 
     def step(self, data: list[Any], ids: list[str], context: Any) -> list[Any]:
-        """Prefill the requests seen for the first time, then one decoding step for every
-        running sequence (a just-prefilled one too, when others needed the step anyway)."""
+        """Prefill the requests seen for the first time (together), then one decoding step for
+        every running sequence (a just-prefilled one too, when others needed the step)."""
         cache = context.cache
         outputs: dict[str, Any] = {}
         self.forget(set(self.rows) - set(ids), context)  # gone: finished or cancelled
-        for rid, row in zip(ids, data):
-            if rid not in cache:
-                try:
-                    outputs[rid] = self.prefill(rid, row, cache)
-                except self.Refused as exc:
-                    outputs[rid] = refusal(str(exc))
+        new = [(rid, row) for rid, row in zip(ids, data) if rid not in cache]
+        if new:
+            outputs.update(self.prefill(new, cache))
         if any(rid not in outputs and cache[rid].finish_reason is None for rid in self.rows):
             for rid, delta in self.decode(cache).items():
                 before = outputs.get(rid)
@@ -148,52 +145,79 @@ class CausalLM:
 
     # -- requests join and leave ---------------------------------------------------------
 
-    def prefill(self, rid: str, row: Any, cache: dict[str, Any]) -> CausalLM.TextDelta:
+    def prefill(self, new: list[tuple[str, Any]], cache: dict[str, Any]) -> dict[str, Any]:
+        """Read the new requests and run their prompts through the model together (left-padded
+        to one length), then join them to the shared cache: each one's first token, or its
+        refusal."""
         from transformers import DynamicCache
 
-        request = parse_request(row)
-        input_ids = self.encode_prompt(request)
-        prompt_tokens = input_ids.shape[1]
+        outputs: dict[str, Any] = {}
+        joining = []  # (rid, sequence, prompt ids)
+        for rid, row in new:
+            try:
+                seq, prompt = self.sequence(parse_request(row))
+            except self.Refused as exc:
+                outputs[rid] = refusal(str(exc))
+                continue
+            joining.append((rid, seq, prompt))
+        if not joining:
+            return outputs
+        width = max(len(prompt) for _, _, prompt in joining)
+        input_ids = torch.full((len(joining), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(joining), width), dtype=torch.long)
+        for i, (_, _, prompt) in enumerate(joining):
+            input_ids[i, width - len(prompt):] = prompt
+            mask[i, width - len(prompt):] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        own = DynamicCache()
+        with torch.inference_mode():
+            logits = self.model(input_ids, attention_mask=mask, position_ids=positions,
+                                past_key_values=own, use_cache=True).logits[:, -1, :]
+        self.join([rid for rid, _, _ in joining], own, mask)
+        for i, (rid, seq, prompt) in enumerate(joining):
+            seq.position = len(prompt)
+            cache[rid] = seq
+            outputs[rid] = self.advance(rid, seq, logits[i])
+        return outputs
+
+    def sequence(self, request: dict[str, Any]) -> tuple[CausalLM.Sequence, torch.Tensor]:
+        """A request's generation settings and its prompt's token ids.
+
+        :raises CausalLM.Refused: a bad field, or a prompt and ``max_tokens`` past the context.
+        """
+        prompt = self.encode_prompt(request)[0]
         max_tokens = int(request.get("max_tokens") or self.default_max_tokens)
         if max_tokens < 1:
             raise CausalLM.Refused("max_tokens must be at least 1.")
-        if prompt_tokens + max_tokens > self.context_length:
+        if len(prompt) + max_tokens > self.context_length:
             raise CausalLM.Refused(
-                f"The prompt has {prompt_tokens} tokens; with max_tokens {max_tokens} that is "
+                f"The prompt has {len(prompt)} tokens; with max_tokens {max_tokens} that is "
                 f"more than the model's context of {self.context_length} tokens.")
         seed = request.get("seed")
         generator = None
         if seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(int(seed))
         stop = request.get("stop") or []
-        seq = self.Sequence(prompt_tokens, max_tokens,
+        seq = self.Sequence(len(prompt), max_tokens,
                             float(request.get("temperature", 0.0) or 0.0),
                             float(request.get("top_p", 1.0) or 1.0),
                             [stop] if isinstance(stop, str) else list(stop),
                             bool(request.get("ignore_eos")), generator)
-        own = DynamicCache()
-        with torch.inference_mode():
-            logits = self.model(input_ids.to(self.device), past_key_values=own,
-                                use_cache=True).logits[:, -1, :]
-        seq.position = prompt_tokens
-        cache[rid] = seq
-        self.join(rid, own, prompt_tokens)
-        return self.advance(rid, seq, logits[0])
+        return seq, prompt
 
-    def join(self, rid: str, own: Any, length: int) -> None:
-        """Pad the new sequence's cache and the shared one to one length, and stack them."""
-        mask = torch.ones((1, length), dtype=torch.long, device=self.device)
+    def join(self, rids: list[str], own: Any, mask: torch.Tensor) -> None:
+        """Pad the joining sequences' cache and the shared one to one length, and stack them."""
         if self.cache is None or not self.rows:
-            self.cache, self.mask, self.rows = own, mask, [rid]
+            self.cache, self.mask, self.rows = own, mask, list(rids)
             return
-        shared = self.mask.shape[1]
-        width = max(shared, length)
+        width = max(self.mask.shape[1], mask.shape[1])
         for mine, theirs in zip(own.layers, self.cache.layers):
-            mine.keys, mine.values = left_pad(mine.keys, width), left_pad(mine.values, width)
-            theirs.keys = torch.cat([left_pad(theirs.keys, width), mine.keys])
-            theirs.values = torch.cat([left_pad(theirs.values, width), mine.values])
+            theirs.keys = torch.cat([left_pad(theirs.keys, width), left_pad(mine.keys, width)])
+            theirs.values = torch.cat([left_pad(theirs.values, width),
+                                       left_pad(mine.values, width)])
         self.mask = torch.cat([left_pad(self.mask, width), left_pad(mask, width)])
-        self.rows.append(rid)
+        self.rows.extend(rids)
 
     def forget(self, gone: set[str], context: Any) -> None:
         """Drop finished or cancelled sequences from the shared cache and from context.cache."""

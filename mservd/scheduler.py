@@ -135,8 +135,9 @@ class Scheduler:
         version's queue head has waited too long — longer than batching asks
         (max_batch_delay) plus max_queue_wait_ms, or four batch times if longer."""
         limit = self.settings.max_queue_wait_ms / 1000.0
-        if not limit:
-            return
+        if not limit or mv.settings.continuous_batching:
+            return  # a generation waits for a slot as long as a sequence takes: job_queue_size
+            # bounds its queue instead
         limit = mv.settings.max_batch_delay / 1000.0 + max(limit, 4 * mv.batch_seconds)
         waited = max(now - arrived, mv.batcher.oldest_wait(now))
         if waited > limit:

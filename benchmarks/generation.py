@@ -1,0 +1,288 @@
+"""Generation under concurrent streams: SmolLM2 served with continuous batching, side by side.
+
+    .venv/bin/python -m benchmarks.generation [--seconds 12] [--streams 1,4,16,32] [--no-torchserve]
+
+Each system gets closed loops of 1, 4, 16 and 32 concurrent clients; every request asks for
+64 new tokens (EOS ignored) after one of a few fixed prompts, and each client sends its next
+request as soon as its answer ends. Per (system, streams): aggregate tokens/s over the window,
+time to first token p50/p99, inter-token latency p50/p99. The systems:
+
+- ``mservd``: the smollm2 sample (continuous batching, 16 sequences), streamed over
+  ``POST /predictions/smollm2`` in HTTP chunks (one per step);
+- ``torchserve``: TorchServe 0.12 serving the same ``.mar`` with its own continuous batching,
+  same route and client (skipped when it is not installed or does not start);
+- ``one at a time``: ``generate()`` per request in this process, one after another (KServe's
+  Hugging Face fallback serves this way);
+- ``static batching``: this process, batches of up to 8 taken after a 5 ms wait, each batch
+  generated together with ``generate()`` to its end;
+- ``one batch of 16``: a single ``generate()`` of 16 prompts in this process, the limit of this
+  box (tokens/s only).
+
+In-process systems time tokens with a logits processor (called once per step); served ones by
+the HTTP chunks they stream. Results: ``benchmarks/results/generation-<time>.json`` and a
+Markdown table on stdout, with the load average before each window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import threading
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+import requests
+
+from benchmarks.systems import REPO, Mservd, TorchServe, torchserve_available
+
+NEW_TOKENS = 64
+PROMPTS = ["The history of the city of Paris begins", "Write a short story about a robot who",
+           "The most important ideas in physics are", "Here is a recipe for bread:",
+           "Explain how a computer works.", "Once upon a time in a small village,",
+           "The best way to learn a language is", "Ten facts about the ocean:"]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+class Window:
+    """What the clients saw in one measuring window."""
+
+    def __init__(self, stop: float) -> None:
+        self.stop = stop  # time.perf_counter() when the window closes
+        self.lock = threading.Lock()
+        self.tokens = 0
+        self.first: list[float] = []  # seconds to the first token, per request
+        self.gaps: list[float] = []  # seconds between tokens
+        self.errors = 0
+
+    def record(self, started: float, times: list[float], tokens: int) -> None:
+        """One request's token times; only what came before the window closed counts (a
+        request wholly inside counts its ``tokens``, one part may carry two)."""
+        inside = [t for t in times if t <= self.stop]
+        with self.lock:
+            self.tokens += tokens if len(inside) == len(times) else len(inside)
+            if inside:
+                self.first.append(inside[0] - started)
+                self.gaps.extend(b - a for a, b in zip(inside, inside[1:]))
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def closed_loop(streams: int, seconds: float, one: Callable[[int, Window], None]) -> dict:
+    """``streams`` clients, each calling ``one`` back to back until the window ends."""
+    started = time.perf_counter()
+    window = Window(started + seconds)
+    load = os.getloadavg()[0]
+
+    def client(index: int) -> None:
+        i = index
+        while time.perf_counter() < window.stop:
+            try:
+                one(i, window)
+            except Exception:  # counted: a failed request is part of what the window shows
+                with window.lock:
+                    window.errors += 1
+            i += streams
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()  # the requests in flight finish: the next window starts on an idle server
+    took = seconds
+    ms = 1000.0
+    p = percentile
+    return {"streams": streams, "tokens_per_s": window.tokens / took, "seconds": took,
+            "ttft_p50_ms": (p(window.first, 0.5) or 0) * ms,
+            "ttft_p99_ms": (p(window.first, 0.99) or 0) * ms,
+            "itl_p50_ms": (p(window.gaps, 0.5) or 0) * ms,
+            "itl_p99_ms": (p(window.gaps, 0.99) or 0) * ms,
+            "requests": len(window.first), "errors": window.errors, "load1": load}
+
+
+# -- served: mservd and TorchServe, one HTTP client ------------------------------------------
+
+def served(url: str) -> Callable[[int, Window], None]:
+    session = threading.local()
+
+    def one(i: int, window: Window) -> None:
+        http = getattr(session, "http", None) or requests.Session()
+        session.http = http
+        body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": NEW_TOKENS,
+                "ignore_eos": True}
+        started = time.perf_counter()
+        times = []
+        with http.post(f"{url}/predictions/smollm2", json=body, stream=True,
+                       timeout=600) as answer:
+            if answer.status_code != 200:
+                raise RuntimeError(answer.text[:200])
+            for chunk in answer.iter_content(chunk_size=None):
+                if chunk:
+                    times.append(time.perf_counter())
+        window.record(started, times, NEW_TOKENS)
+
+    return one
+
+
+# -- in this process: one at a time, static batching, one batch ----------------------------
+
+class Local:
+    """SmolLM2 in this process, timed by a logits processor called once per step."""
+
+    def __init__(self, folder: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(2)
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+    def generate(self, prompts: list[str]) -> list[float]:
+        """Generate NEW_TOKENS for each prompt together; the time of each step."""
+        from transformers import LogitsProcessor, LogitsProcessorList
+
+        steps: list[float] = []
+
+        class Clock(LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                steps.append(time.perf_counter())
+                return scores
+
+        encoded = self.tokenizer(prompts, return_tensors="pt", padding=True)
+        with self.torch.inference_mode():
+            self.model.generate(**encoded, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                do_sample=False, logits_processor=LogitsProcessorList([Clock()]),
+                                pad_token_id=self.tokenizer.pad_token_id)
+        return steps
+
+
+def local_server(model: Local, batch: int, delay: float) -> Callable[[int, Window], None]:
+    """A worker thread taking up to ``batch`` requests (waiting ``delay`` for company) and
+    generating each batch to its end; ``batch=1`` is one at a time."""
+    waiting: queue.Queue = queue.Queue()
+
+    def worker() -> None:
+        while True:
+            first = waiting.get()
+            taken = [first]
+            deadline = time.perf_counter() + delay
+            while len(taken) < batch:
+                left = deadline - time.perf_counter()
+                try:
+                    taken.append(waiting.get(timeout=max(0.0, left)) if left > 0
+                                 else waiting.get_nowait())
+                except queue.Empty:
+                    break
+            steps = model.generate([prompt for prompt, _ in taken])
+            for _, done in taken:
+                done.put(steps)
+
+    threading.Thread(target=worker, daemon=True).start()
+
+    def one(i: int, window: Window) -> None:
+        done: queue.Queue = queue.Queue()
+        started = time.perf_counter()
+        waiting.put((PROMPTS[i % len(PROMPTS)], done))
+        window.record(started, done.get(), NEW_TOKENS)
+
+    return one
+
+
+def one_batch(model: Local, size: int) -> dict:
+    model.generate(PROMPTS[:2])  # warm-up
+    started = time.perf_counter()
+    model.generate([PROMPTS[i % len(PROMPTS)] for i in range(size)])
+    took = time.perf_counter() - started
+    return {"streams": size, "tokens_per_s": size * NEW_TOKENS / took, "seconds": took,
+            "load1": os.getloadavg()[0]}
+
+
+# -- the run ----------------------------------------------------------------------------
+
+def run(seconds: float, streams: list[int], with_torchserve: bool,
+        only: set[str] | None = None) -> dict[str, Any]:
+    store = REPO / "model_store"
+    archive = store / "smollm2.mar"
+    if not archive.exists():
+        raise SystemExit("Build the sample first: make samples")
+    results: dict[str, Any] = {"new_tokens": NEW_TOKENS, "seconds": seconds, "systems": {}}
+    systems: list[tuple[str, Any]] = [("mservd", Mservd(store, 1, 16, 5))]
+    if with_torchserve and torchserve_available() is None:
+        systems.append(("torchserve", TorchServe(store, 1, 16, 5)))
+    for name, system in systems:
+        if only is not None and name not in only:
+            continue
+        try:
+            system.start(["smollm2"])
+        except Exception as exc:  # reported, not hidden: the table says why it is missing
+            results["systems"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            continue
+        try:
+            one = served(system.inference_url)
+            closed_loop(2, 3.0, one)  # warm-up
+            results["systems"][name] = [closed_loop(n, seconds, one) for n in streams]
+        finally:
+            system.stop()
+    if only is not None and not only - {"mservd", "torchserve"}:
+        return results
+    folder = Path(RESULTS / "smollm2-model")
+    if not (folder / "config.json").exists():
+        with zipfile.ZipFile(archive) as mar:
+            mar.extractall(folder)
+    model = Local(folder)
+    for name, batch, delay in (("one at a time", 1, 0.0), ("static batching", 8, 0.005)):
+        one = local_server(model, batch, delay)
+        closed_loop(1, 2.0, one)  # warm-up
+        # one at a time serves one stream at any concurrency (its queue only grows): past 4
+        # streams a window would wait minutes for the requests still queued at its end
+        counts = [n for n in streams if batch > 1 or n <= 4]
+        results["systems"][name] = [closed_loop(n, seconds, one) for n in counts]
+    results["systems"]["one batch of 16"] = [one_batch(model, 16)]
+    return results
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = ["| system | streams | tokens/s | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | "
+             "ITL p99 (ms) | requests | errors | load |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, rows in results["systems"].items():
+        if isinstance(rows, dict):
+            lines.append(f"| {name} | — | did not run: {rows['error']} |")
+            continue
+        for row in rows:
+            lines.append(
+                f"| {name} | {row['streams']} | {row['tokens_per_s']:.0f} | "
+                f"{row.get('ttft_p50_ms', 0):.0f} | {row.get('ttft_p99_ms', 0):.0f} | "
+                f"{row.get('itl_p50_ms', 0):.0f} | {row.get('itl_p99_ms', 0):.0f} | "
+                f"{row.get('requests', '')} | {row.get('errors', '')} | {row['load1']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--streams", default="1,4,16,32")
+    parser.add_argument("--no-torchserve", action="store_true")
+    parser.add_argument("--only", help="comma-separated: mservd, torchserve (served only)")
+    args = parser.parse_args(argv)
+    streams = [int(n) for n in args.streams.split(",")]
+    only = set(args.only.split(",")) if args.only else None
+    results = run(args.seconds, streams, not args.no_torchserve, only)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"generation-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(results, indent=2))
+    print(table(results))
+    print(f"\nresults: {path}")
+
+
+if __name__ == "__main__":
+    main()
