@@ -186,23 +186,31 @@ class CausalLM:
 
         :raises CausalLM.Refused: a bad field, or a prompt and ``max_tokens`` past the context.
         """
-        prompt = self.encode_prompt(request)[0]
-        max_tokens = int(request.get("max_tokens") or self.default_max_tokens)
+        try:
+            max_tokens = int(request.get("max_tokens") or self.default_max_tokens)
+            temperature = float(request.get("temperature", 0.0) or 0.0)
+            top_p = float(request.get("top_p", 1.0) or 1.0)
+            seed = request.get("seed")
+            seed = None if seed is None else int(seed)
+        except (TypeError, ValueError, OverflowError):
+            raise CausalLM.Refused("max_tokens and seed must be integers, temperature and "
+                                   "top_p numbers.") from None
+        stop = request.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or len(stop) > 16 or not all(
+                isinstance(s, str) for s in stop):
+            raise CausalLM.Refused('"stop" must be a string or a list of up to 16 strings.')
         if max_tokens < 1:
             raise CausalLM.Refused("max_tokens must be at least 1.")
+        prompt = self.encode_prompt(request)[0]
         if len(prompt) + max_tokens > self.context_length:
             raise CausalLM.Refused(
                 f"The prompt has {len(prompt)} tokens; with max_tokens {max_tokens} that is "
                 f"more than the model's context of {self.context_length} tokens.")
-        seed = request.get("seed")
         generator = None
         if seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(int(seed))
-        stop = request.get("stop") or []
-        seq = self.Sequence(len(prompt), max_tokens,
-                            float(request.get("temperature", 0.0) or 0.0),
-                            float(request.get("top_p", 1.0) or 1.0),
-                            [stop] if isinstance(stop, str) else list(stop),
+            generator = torch.Generator(device=self.device).manual_seed(seed % 2**63)
+        seq = self.Sequence(len(prompt), max_tokens, temperature, top_p, stop,
                             bool(request.get("ignore_eos")), generator)
         return seq, prompt
 
@@ -302,8 +310,12 @@ class CausalLM:
                     isinstance(m, dict) and isinstance(m.get("content", ""), str)
                     for m in messages):
                 raise CausalLM.Refused('"messages" must be a list of {"role", "content"}.')
-            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                         return_tensors="pt")
+            try:
+                encoded = self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, return_tensors="pt")
+            except Exception as exc:  # the template's own complaint (a role it does not know)
+                raise CausalLM.Refused(f"The messages do not fit the model's chat template: "
+                                       f"{exc}") from None
             ids = encoded if isinstance(encoded, torch.Tensor) else encoded["input_ids"]
         else:
             prompt = request.get("prompt")

@@ -208,3 +208,19 @@ def test_a_worker_that_dies_mid_stream_ends_it_with_an_error_event(daemon, clien
     error = json.loads(rest[-2].removeprefix(b"data: "))["error"]
     assert error["message"] == "Worker died." and error["type"] == "server_error"
     assert chat(client, PROMPTS[0], max_tokens=20).choices[0].message.content.startswith("The")
+
+
+def test_a_bad_request_fails_alone_while_others_generate(daemon) -> None:
+    headers = daemon._headers("inference", None)
+    url = daemon.url("inference", "/predictions/smollm2")
+    good = {"messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 20}
+    with requests.post(url, json=good, headers=headers, stream=True, timeout=60) as running:
+        chunks = running.iter_content(chunk_size=None)
+        first = next(chunks).decode()
+        for bad in ({"prompt": "x", "seed": "seven"}, {"prompt": "x", "stop": [1, 2]},
+                    {"prompt": "x", "temperature": "hot"}, {"prompt": 5},
+                    {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9}):
+            refused = requests.post(url, json=bad, headers=headers, timeout=60)
+            assert refused.status_code == 400, (bad, refused.text)
+        rest = "".join(c.decode() for c in chunks)
+    assert first + rest == "The capital of France is Paris."
