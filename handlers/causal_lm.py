@@ -84,7 +84,7 @@ class CausalLM:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.to(self.device).eval()
         config = context.model_yaml_config or {}
-        self.continuous = bool(config.get("continuousBatching"))
+        self.continuous = str(config.get("continuousBatching", "")).lower() == "true"
         handler_config = config.get("handler") or {}
         self.default_max_tokens = int(handler_config.get("max_new_tokens", DEFAULT_MAX_TOKENS))
         self.context_length = int(getattr(self.model.config, "max_position_embeddings", 2048))

@@ -41,6 +41,7 @@ class WorkerSpec(Spec):
     threads: int | None  # torch threads on CPU: the cores shared among the workers
     model_yaml: dict[str, Any]
     max_response_size: int
+    continuous_batching: bool = False  # run mservd/continuous.py's stepping loop
     log_level: str = "INFO"
     log_format: str = "plain"
     install_py_dep_per_model: bool = False

@@ -87,6 +87,7 @@ class Supervisor:
             gpu_id=gpu_id,
             threads=max(1, cores // max(1, total_workers)) if gpu_id is None else None,
             model_yaml=mv.model_yaml,
+            continuous_batching=mv.settings.continuous_batching,
             **self.spec_extra,
         )
         proc = self.zygote.spawn(spec, self._log_for(mv.name).fileno())

@@ -320,7 +320,7 @@ def serve(spec: WorkerSpec) -> int:
              spec.model_name, spec.version, time.monotonic() - began)
     max_response_size = spec.max_response_size
     attach_stream(context, sock, max_response_size)
-    if (spec.model_yaml or {}).get("continuousBatching") is True:
+    if spec.continuous_batching:  # the model's settings say so: the scheduler agrees
         return serve_continuous(sock, handler, context, spec.worker_id, parent,
                                 max_response_size, ship_metrics)
     poller = zmq.Poller()
