@@ -95,6 +95,7 @@ class CausalLM:
         self.rows: list[str] = []  # request id of each row of the shared cache
         self.cache: Any = None
         self.mask: torch.Tensor | None = None  # (rows, cached length): 0 where padded
+        self.generated = 0  # tokens generated in the current step
 
     # -- one step ------------------------------------------------------------------------
 
@@ -122,6 +123,10 @@ class CausalLM:
             if rid not in outputs:
                 outputs[rid] = self.TextDelta.make("", cache[rid])
         context.stopping_criteria = [self.stopper(rid, cache) for rid in ids]
+        if self.generated:  # the tokens of this step, for /metrics (TorchServe's metrics API)
+            context.metrics.add_counter("GeneratedTokens", self.generated,
+                                        dimensions={"ModelName": context.model_name})
+            self.generated = 0
         return [outputs[rid] for rid in ids]
 
     def run_to_end(self, data: list[Any], ids: list[str], context: Any) -> list[Any]:
@@ -275,6 +280,7 @@ class CausalLM:
             seq.finish_reason = "stop"
             return self.TextDelta.make("", seq)
         seq.generated.append(token)
+        self.generated += 1
         text = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
         if text.endswith("\ufffd") and len(seq.generated) < seq.max_tokens:
             delta = ""  # half of a character: wait for the rest of its bytes

@@ -78,6 +78,22 @@ def test_chat_answers_with_usage_and_finish_reason(client) -> None:
     assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 3
 
 
+def test_metrics_count_generated_tokens_and_time_the_first_and_the_next(client,
+                                                                          daemon) -> None:
+    from conftest import wait_until
+
+    labels = 'model_name="smollm2",model_version="1.0"'
+    before = daemon.metrics().get(f"mservd_time_to_first_token_seconds_count{{{labels}}}", 0)
+    list(chat(client, PROMPTS[0], max_tokens=20, stream=True))
+    chat(client, PROMPTS[0], max_tokens=20)
+    wait_until(lambda: any(k.startswith("GeneratedTokens") for k in daemon.metrics()), 10,
+               "GeneratedTokens in /metrics")
+    metrics = daemon.metrics()
+    assert metrics[f"mservd_time_to_first_token_seconds_count{{{labels}}}"] >= before + 2
+    assert metrics[f"mservd_inter_token_latency_seconds_count{{{labels}}}"] > 0
+    assert sum(v for k, v in metrics.items() if k.startswith("GeneratedTokens")) >= 14
+
+
 def test_chat_streams_each_token_as_an_event_then_usage(client) -> None:
     events = list(chat(client, PROMPTS[0], max_tokens=20, stream=True,
                        stream_options={"include_usage": True}))
