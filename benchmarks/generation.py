@@ -1,6 +1,7 @@
 """Generation under concurrent streams: SmolLM2 served with continuous batching, side by side.
 
-    .venv/bin/python -m benchmarks.generation [--seconds 12] [--streams 1,4,16,32] [--no-torchserve]
+    .venv/bin/python -m benchmarks.generation [--rounds 3] [--seconds 10] [--streams 1,4,16,32]
+                                             [--no-torchserve] [--only mservd,torchserve]
 
 Each system gets closed loops of 1, 4, 16 and 32 concurrent clients; every request asks for
 64 new tokens (EOS ignored) after one of a few fixed prompts, and each client sends its next
@@ -19,8 +20,10 @@ time to first token p50/p99, inter-token latency p50/p99. The systems:
   box (tokens/s only).
 
 In-process systems time tokens with a logits processor (called once per step); served ones by
-the HTTP chunks they stream. Results: ``benchmarks/results/generation-<time>.json`` and a
-Markdown table on stdout, with the load average before each window.
+the HTTP chunks they stream. The systems take turns, round after round (the order reversed
+every other round); each figure is the median over the rounds with its range. Results:
+``benchmarks/results/generation-<time>.json`` (every round) and a Markdown table on stdout,
+with the load averages before the windows.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import argparse
 import json
 import os
 import queue
+import statistics
 import threading
 import time
 import zipfile
@@ -208,75 +212,123 @@ def one_batch(model: Local, size: int) -> dict:
 
 # -- the run ----------------------------------------------------------------------------
 
-def run(seconds: float, streams: list[int], with_torchserve: bool,
+def run(seconds: float, streams: list[int], with_torchserve: bool, rounds: int,
         only: set[str] | None = None) -> dict[str, Any]:
+    """Every system in turn, ``rounds`` times, the order reversed every other round (A, B, C,
+    then C, B, A): each figure's median and range over the rounds."""
     store = REPO / "model_store"
     archive = store / "smollm2.mar"
     if not archive.exists():
         raise SystemExit("Build the sample first: make samples")
-    results: dict[str, Any] = {"new_tokens": NEW_TOKENS, "seconds": seconds, "systems": {}}
-    systems: list[tuple[str, Any]] = [("mservd", Mservd(store, 1, 16, 5))]
+    served_systems: list[tuple[str, Any]] = [("mservd", lambda: Mservd(store, 1, 16, 5))]
     if with_torchserve and torchserve_available() is None:
-        systems.append(("torchserve", TorchServe(store, 1, 16, 5)))
-    for name, system in systems:
-        if only is not None and name not in only:
-            continue
+        served_systems.append(("torchserve", lambda: TorchServe(store, 1, 16, 5)))
+    served_systems = [(n, make) for n, make in served_systems if only is None or n in only]
+    model = None
+    if only is None or only - {"mservd", "torchserve"}:
+        folder = RESULTS / "smollm2-model"
+        stamp = folder / "config.json"
+        if not stamp.exists() or stamp.stat().st_mtime < archive.stat().st_mtime:
+            with zipfile.ZipFile(archive) as mar:
+                mar.extractall(folder)
+            stamp.touch()
+        model = Local(folder)
+
+    def measure_served(make: Callable[[], Any]) -> list[dict] | dict:
+        system = make()
         try:
             system.start(["smollm2"])
         except Exception as exc:  # reported, not hidden: the table says why it is missing
-            results["systems"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            continue
+            return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         try:
             one = served(system.inference_url)
             closed_loop(2, 3.0, one)  # warm-up
-            results["systems"][name] = [closed_loop(n, seconds, one) for n in streams]
+            return [closed_loop(n, seconds, one) for n in streams]
         finally:
             system.stop()
-    if only is not None and not only - {"mservd", "torchserve"}:
-        return results
-    folder = Path(RESULTS / "smollm2-model")
-    if not (folder / "config.json").exists():
-        with zipfile.ZipFile(archive) as mar:
-            mar.extractall(folder)
-    model = Local(folder)
-    for name, batch, delay in (("one at a time", 1, 0.0), ("static batching", 8, 0.005)):
+
+    def measure_local(batch: int, delay: float) -> list[dict]:
         one = local_server(model, batch, delay)
         closed_loop(1, 2.0, one)  # warm-up
         # one at a time serves one stream at any concurrency (its queue only grows): past 4
         # streams a window would wait minutes for the requests still queued at its end
-        counts = [n for n in streams if batch > 1 or n <= 4]
-        results["systems"][name] = [closed_loop(n, seconds, one) for n in counts]
-    results["systems"]["one batch of 16"] = [one_batch(model, 16)]
-    return results
+        return [closed_loop(n, seconds, one) for n in streams if batch > 1 or n <= 4]
+
+    plan: list[tuple[str, Callable[[], Any]]] = [
+        (name, lambda make=make: measure_served(make)) for name, make in served_systems]
+    if model is not None:
+        plan += [("one at a time", lambda: measure_local(1, 0.0)),
+                 ("static batching", lambda: measure_local(8, 0.005)),
+                 ("one batch of 16", lambda: [one_batch(model, 16)])]
+    runs: dict[str, list[Any]] = {name: [] for name, _ in plan}
+    for r in range(rounds):
+        for name, measure in (plan if r % 2 == 0 else plan[::-1]):
+            print(f"round {r + 1}: {name}", flush=True)
+            runs[name].append(measure())
+    return {"new_tokens": NEW_TOKENS, "seconds": seconds, "rounds": rounds, "runs": runs,
+            "systems": {name: summarize(rows) for name, rows in runs.items()}}
+
+
+FIGURES = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+
+
+def summarize(rounds: list[Any]) -> list[dict] | dict:
+    """Per stream count, each figure's median and (min, max) over the rounds that ran."""
+    ran = [r for r in rounds if isinstance(r, list)]
+    if not ran:
+        return rounds[0]
+    out = []
+    for i, first in enumerate(ran[0]):
+        rows = [r[i] for r in ran]
+        row: dict[str, Any] = {"streams": first["streams"], "rounds": len(rows),
+                               "load1": [row["load1"] for row in rows],
+                               "errors": sum(row.get("errors", 0) for row in rows)}
+        for key in FIGURES:
+            values = [row[key] for row in rows if key in row]
+            if values:
+                row[key] = statistics.median(values)
+                row[key + "_range"] = (min(values), max(values))
+        out.append(row)
+    return out
 
 
 def table(results: dict[str, Any]) -> str:
     lines = ["| system | streams | tokens/s | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | "
-             "ITL p99 (ms) | requests | errors | load |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "ITL p99 (ms) | errors |", "|---|---|---|---|---|---|---|---|"]
+
+    def cell(row: dict, key: str) -> str:
+        if key not in row:
+            return ""
+        low, high = row[key + "_range"]
+        return f"{row[key]:.0f} ({low:.0f}–{high:.0f})"
+
+    loads = []
     for name, rows in results["systems"].items():
         if isinstance(rows, dict):
             lines.append(f"| {name} | — | did not run: {rows['error']} |")
             continue
         for row in rows:
-            lines.append(
-                f"| {name} | {row['streams']} | {row['tokens_per_s']:.0f} | "
-                f"{row.get('ttft_p50_ms', 0):.0f} | {row.get('ttft_p99_ms', 0):.0f} | "
-                f"{row.get('itl_p50_ms', 0):.0f} | {row.get('itl_p99_ms', 0):.0f} | "
-                f"{row.get('requests', '')} | {row.get('errors', '')} | {row['load1']:.1f} |")
+            loads += row["load1"]
+            lines.append(f"| {name} | {row['streams']} | "
+                         + " | ".join(cell(row, key) for key in FIGURES)
+                         + f" | {row['errors']} |")
+    if loads:
+        lines.append(f"\nmedians over {results['rounds']} rounds (min–max); load average (1 min)"
+                     f" before the windows {min(loads):.1f}–{max(loads):.1f}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--streams", default="1,4,16,32")
     parser.add_argument("--no-torchserve", action="store_true")
     parser.add_argument("--only", help="comma-separated: mservd, torchserve (served only)")
     args = parser.parse_args(argv)
     streams = [int(n) for n in args.streams.split(",")]
     only = set(args.only.split(",")) if args.only else None
-    results = run(args.seconds, streams, not args.no_torchserve, only)
+    results = run(args.seconds, streams, not args.no_torchserve, args.rounds, only)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"generation-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(results, indent=2))

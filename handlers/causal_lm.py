@@ -123,9 +123,9 @@ class CausalLM:
             if rid not in outputs:
                 outputs[rid] = self.TextDelta.make("", cache[rid])
         context.stopping_criteria = [self.stopper(rid, cache) for rid in ids]
-        if self.generated:  # the tokens of this step, for /metrics (TorchServe's metrics API)
-            context.metrics.add_counter("GeneratedTokens", self.generated,
-                                        dimensions={"ModelName": context.model_name})
+        if self.generated:  # the tokens of this step, for /metrics: TorchServe's metrics API,
+            # which adds the ModelName dimension itself (its dimensions are Dimension objects)
+            context.metrics.add_counter("GeneratedTokens", self.generated)
             self.generated = 0
         return [outputs[rid] for rid in ids]
 
