@@ -38,6 +38,7 @@ BUILTIN_HANDLERS = {
     "image_segmenter": "handlers.image_segmenter:ImageSegmenter",
     "object_detector": "handlers.object_detector:ObjectDetector",
     "text_classifier": "handlers.text_classifier:TextClassifier",
+    "text_embedder": "handlers.text_embedder:TextEmbedder",
 }
 
 

@@ -22,6 +22,7 @@ import click
 
 from mservd import __version__
 from mservd.config import ConfigError, Settings, load, parse_address
+from mservd.model_folder import is_model_folder
 from mservd.run_handler import run_handler_command
 
 DETACHED_ENV = "MSERVD_DETACHED"
@@ -61,8 +62,19 @@ def port_env_address(settings: Settings, environ: Any = None) -> str | None:
     return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-def _split_models(values: tuple[str, ...]) -> tuple[str, ...] | None:
-    items = [item for value in values for item in value.replace(",", " ").split() if item]
+def _split_models(values: tuple[str, ...], model_store: str | None) -> tuple[str, ...] | None:
+    """The --models items; a model folder named relative to the current folder (and not in the
+    model store) is made absolute, since the daemon resolves names against the store."""
+    items = []
+    for item in (item for value in values for item in value.replace(",", " ").split() if item):
+        name, sep, url = item.partition("=")
+        if not sep:
+            name, url = "", item
+        path = Path(url)
+        in_store = model_store is not None and (Path(model_store) / url).exists()
+        if not path.is_absolute() and not in_store and is_model_folder(path):
+            item = f"{name}{sep}{path.resolve()}"
+        items.append(item)
     return tuple(items) if items else None
 
 
@@ -79,7 +91,8 @@ def cli() -> None:
 @cli.command("start")
 @click.option("--model-store", type=click.Path(file_okay=False), help="Folder of .mar archives.")
 @click.option("--models", "models", multiple=True,
-              help="Models to load at start: NAME=FILE.mar, FILE.mar or all (repeatable, or "
+              help="Models to load at start: NAME=FILE.mar, FILE.mar, NAME=FOLDER (a "
+                   "transformers model folder, served as it is) or all (repeatable, or "
                    "comma-separated).")
 @click.option("--ts-config", type=click.Path(dir_okay=False, exists=True),
               help="A config.properties file (also TS_CONFIG_FILE).")
@@ -105,7 +118,7 @@ def start_command(model_store, models, ts_config, log_dir, foreground, ncs, enab
     from mservd.daemon import Daemon, StartError, running_pid, state_path
 
     flags = {
-        "model_store": model_store, "load_models": _split_models(models), "log_dir": log_dir,
+        "model_store": model_store, "load_models": _split_models(models, model_store), "log_dir": log_dir,
         "snapshot": False if ncs else None,
         "enable_model_api": True if enable_model_api else None,
         "disable_token_authorization": True if disable_token_auth else None,

@@ -358,7 +358,8 @@ class Controller:
         for mv in list(self.retired):
             if not mv.workers:
                 self.retired.remove(mv)
-                self.executor.submit(shutil.rmtree, mv.model_dir, True)
+                if mv.owns_model_dir:
+                    self.executor.submit(shutil.rmtree, mv.model_dir, True)
 
     # -- health and stopping --------------------------------------------------------
 

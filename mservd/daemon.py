@@ -25,6 +25,7 @@ from mservd.auth import KeyStore
 from mservd.config import Settings, parse_address
 from mservd.frontends.processes import Frontends
 from mservd.log_format import formatter
+from mservd.model_folder import is_model_folder
 from mservd.supervisor import detect_gpus
 
 log = logging.getLogger("mservd")
@@ -105,7 +106,8 @@ def hold_port(address: str, what: str) -> socket.socket:
 
 
 def startup_models(settings: Settings) -> list[tuple[str | None, str]]:
-    """``load_models`` as (model name or None, archive url) pairs; ``all`` is every archive."""
+    """``load_models`` as (model name or None, archive url) pairs; ``all`` is every archive
+    and transformers model folder in the store."""
     items: list[tuple[str | None, str]] = []
     for entry in settings.load_models:
         entry = entry.strip()
@@ -118,7 +120,8 @@ def startup_models(settings: Settings) -> list[tuple[str | None, str]]:
                     if path.name.startswith("."):
                         continue
                     if path.suffix == ".mar" or path.name.endswith(".tar.gz") or (
-                            path.is_dir() and (path / "MAR-INF" / "MANIFEST.json").exists()):
+                            path.is_dir() and (path / "MAR-INF" / "MANIFEST.json").exists()) or (
+                            is_model_folder(path)):
                         items.append((None, path.name))
             continue
         name, sep, url = entry.partition("=")

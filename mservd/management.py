@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import archiver
 from archiver import ArchiveError, UnpackLimits
 from archiver.manifest import validate_model_name, validate_version
+from mservd import model_folder
 from mservd.config import ConfigError, read_model_yaml, resolve_model_settings, to_bool, to_int
 from mservd.errors import (
     BadRequest,
@@ -31,6 +32,7 @@ from mservd.errors import (
     MservdError,
     ResourceNotFound,
 )
+from mservd.model_folder import FolderError, is_model_folder
 from mservd.protocol import Reply
 from mservd.registry import ModelVersion
 from mservd.waiter import Waiter
@@ -187,32 +189,53 @@ class Management:
                 model_yaml = {}
                 if manifest.config_file:
                     model_yaml = read_model_yaml(dest / manifest.config_file)
-                settings = resolve_model_settings(self.settings, name, version,
-                                                  model_yaml=model_yaml, api=api_args,
-                                                  gpu_count=ctl.gpu_count)
             except (ArchiveError, ConfigError, OSError) as exc:
                 shutil.rmtree(dest, ignore_errors=True)
                 respond(Reply.error(BadRequest(str(exc))))
                 return
+            serve(name, version, dest, manifest.to_dict(), model_yaml, owned=True)
+
+        def after_folder(future: Future) -> None:
             try:
-                self.check_total_workers(settings.min_workers)
-            except BadRequest as exc:
-                shutil.rmtree(dest, ignore_errors=True)
-                respond(Reply.error(exc))
+                folder = future.result()
+            except (FolderError, ConfigError, OSError) as exc:
+                respond(Reply.error(BadRequest(str(exc))))
                 return
-            doc = manifest.to_dict()
+            name, version = folder.name, folder.manifest["model"]["modelVersion"]
+            if ctl.registry.has_version(name, version) or (name, version) in ctl.loading:
+                respond(Reply.error(Conflict(
+                    f"Model version {version} is already registered for model {name}")))
+                return
+            serve(name, version, folder.path, folder.manifest, folder.model_yaml, owned=False)
+
+        def serve(name: str, version: str, model_dir: Path, doc: dict[str, Any],
+                  model_yaml: dict[str, Any], owned: bool) -> None:
+            """Add the version and start its workers; an unpacked copy goes if that fails."""
+            def discard() -> None:
+                if owned:
+                    shutil.rmtree(model_dir, ignore_errors=True)
+
+            try:
+                settings = resolve_model_settings(self.settings, name, version,
+                                                  model_yaml=model_yaml, api=api_args,
+                                                  gpu_count=ctl.gpu_count)
+                self.check_total_workers(settings.min_workers)
+            except (ConfigError, BadRequest) as exc:
+                discard()
+                respond(Reply.error(exc if isinstance(exc, BadRequest) else BadRequest(str(exc))))
+                return
             if args.get("handler"):
                 doc["model"]["handler"] = args["handler"]
             if not doc["model"].get("handler"):
-                shutil.rmtree(dest, ignore_errors=True)
+                discard()
                 respond(Reply.error(BadRequest(
                     f"Archive {url!r} names no handler; pass handler=... or rebuild it with "
                     "model-archiver --handler.")))
                 return
             doc["model"]["modelName"] = name
-            mv = ModelVersion(name=name, version=version, url=str(url), model_dir=dest,
+            mv = ModelVersion(name=name, version=version, url=str(url), model_dir=model_dir,
                               manifest=doc, settings=settings, model_yaml=model_yaml,
-                              loaded_at_startup=startup)
+                              loaded_at_startup=startup, owns_model_dir=owned)
             ctl.registry.add(mv, make_default=settings.default_version)
             ctl.registry_changed()
             log.info("registered %s version %s from %s (%d workers, batch %d)", name, version,
@@ -251,7 +274,11 @@ class Management:
 
             ctl.submit(self._download, lambda f: self._after(f, respond, downloaded), str(url))
             return None
-        after_fetch(self._store_path(str(url)))
+        path = self._store_path(str(url), startup)
+        if is_model_folder(path):
+            ctl.submit(model_folder.read, after_folder, path, args.get("model_name"))
+        else:
+            after_fetch(path)
         return None
 
     def _after(self, future: Future, respond: Respond, then: Callable[[Path], None]) -> None:
@@ -277,11 +304,17 @@ class Management:
                 "message": f"{message}: {first}", "traceback": error}
         return Reply(500, body)
 
-    def _store_path(self, url: str) -> Path:
+    def _store_path(self, url: str, startup: bool = False) -> Path:
+        """The archive or model folder ``url`` names inside the model store; at start-up (the
+        operator's own --models) an absolute path may also name one anywhere."""
         if "\x00" in url:
             raise BadRequest(f"Invalid url {url!r}: it contains a NUL byte.")
         if url.startswith("file://"):
             url = urllib.parse.urlsplit(url).path
+        if startup and Path(url).is_absolute():
+            if not Path(url).exists():
+                raise ModelNotFound(f"Model not found: {url}")
+            return Path(url).resolve()
         if self.store is None:
             raise BadRequest("No model store is configured; start mservd with --model-store.")
         candidate = Path(url)

@@ -31,6 +31,7 @@ class ModelVersion:
     settings: ModelSettings
     model_yaml: dict[str, Any]
     loaded_at_startup: bool = False
+    owns_model_dir: bool = True  # an unpacked archive goes with the version; a user's folder stays
     target_workers: int = 0
     max_workers: int = 0
     workers: dict[str, Worker] = field(default_factory=dict)
@@ -57,9 +58,12 @@ class ModelVersion:
         """Its settings under TorchServe's camelCase names, as describe and snapshots show them
         (model-config.yaml spells them the same way)."""
         s = self.settings
-        return {"minWorkers": self.target_workers, "maxWorkers": self.max_workers,
-                "batchSize": s.batch_size, "maxBatchDelay": s.max_batch_delay,
-                "responseTimeout": s.response_timeout, "startupTimeout": s.startup_timeout}
+        document = {"minWorkers": self.target_workers, "maxWorkers": self.max_workers,
+                    "batchSize": s.batch_size, "maxBatchDelay": s.max_batch_delay,
+                    "responseTimeout": s.response_timeout, "startupTimeout": s.startup_timeout}
+        if s.continuous_batching:
+            document["continuousBatching"] = True
+        return document
 
     def live_count(self) -> int:
         return sum(1 for w in self.workers.values() if w.is_serving)

@@ -29,8 +29,8 @@ from mservd.worker_handle import Worker
 class Pending:
     """A queued or running request: who asked, its frames, and its clock."""
 
-    __slots__ = ("rid", "fid", "frames", "arrived", "deadline", "explain", "retried",
-                 "last_part")
+    __slots__ = ("rid", "fid", "frames", "arrived", "deadline", "ends_by", "explain",
+                 "retried", "last_part")
 
     def __init__(self, rid: bytes, fid: bytes, frames: list[bytes], arrived: float,
                  deadline: float, explain: bool = False) -> None:
@@ -38,7 +38,10 @@ class Pending:
         self.fid = fid
         self.frames = frames  # the meta header and payloads, forwarded as they came
         self.arrived = arrived
-        self.deadline = deadline
+        self.deadline = deadline  # past it, a request still queued is refused
+        # past it, a running generation is stopped: set only when a continuous-batching
+        # request has a deadline of its own (the client's, or default_request_timeout_ms)
+        self.ends_by = float("inf")
         self.explain = explain
         self.retried = False
         self.last_part: float | None = None  # when its last streamed part came
@@ -120,6 +123,8 @@ class Scheduler:
             self._admit(mv, now, arrived)
             pending = Pending(route.rid, fid, frames, arrived,
                               arrived + self.queue_timeout(mv, route), route.explain)
+            if mv.settings.continuous_batching:
+                pending.ends_by = arrived + self.request_timeout(route)
             if not mv.batcher.add(pending):
                 raise QueueFull(
                     f"Model {mv.name} version {mv.version} has {mv.batcher.capacity} requests "
@@ -151,6 +156,16 @@ class Scheduler:
         limit = float(mv.settings.response_timeout)
         if self.settings.default_request_timeout_ms:
             limit = min(limit, self.settings.default_request_timeout_ms / 1000.0)
+        if route.timeout_ms is not None and route.timeout_ms >= 0:
+            limit = min(limit, route.timeout_ms / 1000.0)
+        return limit
+
+    def request_timeout(self, route: protocol.Route) -> float:
+        """Seconds a whole generation may take, the client's ask or the default; unbounded
+        (inf) without either: response_timeout bounds each step, not a generation."""
+        limit = float("inf")
+        if self.settings.default_request_timeout_ms:
+            limit = self.settings.default_request_timeout_ms / 1000.0
         if route.timeout_ms is not None and route.timeout_ms >= 0:
             limit = min(limit, route.timeout_ms / 1000.0)
         return limit
@@ -323,7 +338,8 @@ class Scheduler:
         batches that are due."""
         actions: list[Action] = []
         for running_id, running in list(self.running.items()):
-            if now > running.deadline:
+            actions += self._stop_overdue(running_id, running, now)
+            if running_id in self.running and now > running.deadline:
                 worker = running.mv.workers.get(running_id)
                 if worker is None:
                     continue
@@ -342,6 +358,26 @@ class Scheduler:
                 actions += self.dispatch(mv, now)
         return actions
 
+    def _stop_overdue(self, worker_id: str, running: Running, now: float) -> list[Action]:
+        """Generations past their own deadline: dropped in the worker, and their streams end
+        with an error (a continuous batch keeps ``ends_by`` of inf otherwise)."""
+        overdue = [p for p in running.requests.values() if now > p.ends_by]
+        if not overdue:
+            return []
+        worker = running.mv.workers.get(worker_id)
+        actions: list[Action] = []
+        for pending in overdue:
+            del running.requests[pending.rid]
+            if worker is not None:
+                actions.append(CancelRunning(worker, pending.rid))
+            actions.append(self.refuse(pending.fid, pending.rid, DeadlineExceeded(
+                f"The request ran past its deadline ({pending.ends_by - pending.arrived:.3f} s "
+                f"after it arrived) while model {running.mv.name} generated its answer; the "
+                "rest was not computed.")))
+        if not running.requests:
+            del self.running[worker_id]
+        return actions + self.dispatch(running.mv, now)
+
     def next_wakeup(self, soonest: float) -> float:
         """The earlier of ``soonest`` and when :meth:`tick` may next have something to do."""
         for mv in self.registry.all_versions():
@@ -353,6 +389,10 @@ class Scheduler:
         for running in self.running.values():
             if running.deadline < soonest:
                 soonest = running.deadline
+            if running.mv.settings.continuous_batching:
+                for pending in running.requests.values():
+                    if pending.ends_by < soonest:
+                        soonest = pending.ends_by
         return soonest
 
     def retire(self, mv: ModelVersion) -> list[Action]:

@@ -26,6 +26,7 @@ MODEL_FILES = (
     "vocab.txt",
 )
 WEIGHTS = "model.safetensors"
+HANDLER = HERE.parents[1] / "handlers" / "text_embedder.py"  # the built-in it names
 
 
 def model_dir() -> Path:
@@ -42,7 +43,7 @@ def model_dir() -> Path:
 
 def sources() -> tuple[Path, ...]:
     """What the archive is made of: it is out of date when any of these is newer."""
-    local = (HERE / "build.py", HERE / "minilm_handler.py", HERE / "model-config.yaml")
+    local = (HERE / "build.py", HANDLER, HERE / "model-config.yaml")
     return local + tuple(model_dir() / name for name in (WEIGHTS, *MODEL_FILES))
 
 
@@ -52,7 +53,7 @@ def build(export_path: str | Path = MODEL_STORE) -> Path:
     Path(export_path).mkdir(parents=True, exist_ok=True)
     return archiver.write_archive(
         model_name=NAME,
-        handler=str(HERE / "minilm_handler.py"),
+        handler="text_embedder",
         serialized_file=source / WEIGHTS,
         extra_files=[source / name for name in MODEL_FILES],
         config_file=HERE / "model-config.yaml",

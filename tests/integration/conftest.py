@@ -190,6 +190,13 @@ class Daemon:
                                     headers=self._headers("management", headers),
                                     timeout=timeout, **kwargs)
 
+    def openai_client(self):
+        """OpenAI's own client, pointed at this daemon's ``/v1`` with its inference key."""
+        import openai
+
+        return openai.OpenAI(base_url=self.url("inference", "/v1"),
+                             api_key=self.key("inference") or "unused", max_retries=0)
+
     def describe(self, model: str, version: str | None = None) -> list[dict[str, Any]]:
         answer = self.manage("GET", f"/models/{model}" + (f"/{version}" if version else ""))
         assert answer.status_code == 200, answer.text

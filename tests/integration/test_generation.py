@@ -26,8 +26,7 @@ def daemon(tmp_path_factory, store):
 
 @pytest.fixture(scope="module")
 def client(daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=daemon.url("inference", "/v1"),
-                         api_key=daemon.key("inference") or "unused", max_retries=0)
+    return daemon.openai_client()
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +223,23 @@ def test_a_worker_that_dies_mid_stream_ends_it_with_an_error_event(daemon, clien
     error = json.loads(rest[-2].removeprefix(b"data: "))["error"]
     assert error["message"] == "Worker died." and error["type"] == "server_error"
     assert chat(client, PROMPTS[0], max_tokens=20).choices[0].message.content.startswith("The")
+
+
+def test_a_generation_past_its_deadline_ends_its_stream_with_an_error_event(daemon) -> None:
+    """X-Request-Timeout-Ms bounds the whole generation: past it the stream ends with an
+    error event (504's type) and [DONE], and the sequence's slot is free for the next."""
+    headers = {**daemon._headers("inference", None), "X-Request-Timeout-Ms": "1500"}
+    long = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 4000,
+            "ignore_eos": True, "stream": True}
+    answer = requests.post(daemon.url("inference", "/v1/completions"), json=long,
+                           headers=headers, timeout=60)
+    events = [e for e in answer.text.split("\n\n") if e]
+    assert answer.status_code == 200 and events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "RequestTimeoutException" and "deadline" in error["message"]
+    texts = [json.loads(e.removeprefix("data: "))["choices"][0]["text"] for e in events[:-2]]
+    assert 0 < len(texts) < 4000
+    assert daemon.describe("smollm2")[0]["jobQueueStatus"]["pendingRequests"] == 0
 
 
 def test_a_bad_request_fails_alone_while_others_generate(daemon) -> None:

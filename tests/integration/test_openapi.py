@@ -38,9 +38,12 @@ V2_ROUTES = {
     ("get", "/v2"), ("get", "/v2/health/live"), ("get", "/v2/health/ready"),
     *(("get", f"/v2/models/{{model_name}}{v}{rest}")
       for v in ("", "/versions/{model_version}") for rest in ("", "/ready")),
-    *(("post", f"/v2/models/{{model_name}}{v}/infer")
-      for v in ("", "/versions/{model_version}")),
+    *(("post", f"/v2/models/{{model_name}}{v}/{rest}")
+      for v in ("", "/versions/{model_version}")
+      for rest in ("infer", "generate", "generate_stream")),
 }
+OPENAI_ROUTES = {("post", f"{prefix}/v1/{endpoint}") for prefix in ("", "/openai")
+                 for endpoint in ("chat/completions", "completions", "embeddings")}
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +102,8 @@ def validate_openapi_3(doc: dict[str, Any]) -> None:
             for code, answer in op["responses"].items():
                 if code.startswith("4") and code not in ("414", "431"):
                     schema = answer["content"]["application/json"]["schema"]
-                    assert schema.get("$ref", "").endswith(("/Error", "/V2Error")), (
+                    assert schema.get("$ref", "").endswith(
+                        ("/Error", "/V2Error", "/OpenAIError")), (
                         f"{method.upper()} {path} {code}: errors use the error schema")
 
 
@@ -113,7 +117,7 @@ def test_openapi_documents_are_valid_openapi_3(make) -> None:
 
 
 def test_inference_description_lists_exactly_the_inference_routes() -> None:
-    expected = INFERENCE_ROUTES | V2_ROUTES
+    expected = INFERENCE_ROUTES | V2_ROUTES | OPENAI_ROUTES
     assert operations(inference_api()) == expected
 
 

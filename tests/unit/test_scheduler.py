@@ -173,3 +173,28 @@ def test_continuous_batching_frees_the_slot_of_a_client_that_went_away() -> None
     gone, actions = s.cancel(FRONTEND, b"a", now=0.2)
     assert gone is mv and kinds(actions) == ["CancelRunning", "SendBatch"]
     assert actions[0].rid == b"a" and [p.rid for p in actions[1].requests] == [b"b"]
+
+
+def test_continuous_batching_stops_a_generation_past_its_own_deadline() -> None:
+    s, mv = setup(settings=Settings(), batch_size=2)
+    mv.settings = dataclasses.replace(mv.settings, continuous_batching=True)
+    [send] = s.submit(FRONTEND, route(b"a", 0.0, timeout_ms=2000), [], now=0.0)
+    s.submit(FRONTEND, route(b"b", 0.0), [], now=0.0)  # no deadline of its own: runs on
+    assert s.next_wakeup(float("inf")) == 2.0
+    s.submit(FRONTEND, route(b"c", 0.0), [], now=0.0)  # waits for a slot
+    assert s.progress(send.worker, b"a", now=1.0) == FRONTEND
+    assert s.tick(now=1.9) == []
+    actions = s.tick(now=2.1)
+    assert kinds(actions) == ["CancelRunning", "Refuse", "SendBatch"]
+    assert actions[0].rid == b"a" and actions[1].error.http_status == 504
+    assert [p.rid for p in actions[2].requests] == [b"c"]
+    # left: the step deadline (response_timeout), no generation deadline
+    assert s.running_requests(mv) == 2
+    assert s.next_wakeup(float("inf")) == 2.1 + mv.settings.response_timeout
+
+
+def test_a_batch_model_keeps_the_deadline_for_the_queue_alone() -> None:
+    s, mv = setup(settings=Settings(), response_timeout=30)
+    [send] = s.submit(FRONTEND, route(b"a", 0.0, timeout_ms=2000), [], now=0.0)
+    assert s.tick(now=5.0) == []  # running: bounded by response_timeout, not cancelled
+    assert kinds(s.finished(send.worker, [ok(b"a")], now=6.0)) == ["Forward"]

@@ -50,6 +50,13 @@ def forwarded_metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return out
 
 
+def deadline_ms(context: grpc.aio.ServicerContext) -> float | None:
+    """The client's gRPC deadline as milliseconds left (None: it set none), the
+    ``X-Request-Timeout-Ms`` of HTTP."""
+    left = context.time_remaining()
+    return None if left is None else max(0.0, left * 1000.0)
+
+
 async def check(reply: Reply, context: grpc.aio.ServicerContext) -> Reply:
     """The reply when it succeeded; else the RPC aborts with the mapped code and message."""
     if reply.status >= 400:
@@ -105,7 +112,7 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
             rid, request.model_name, request.model_version or None,
             metadata_token(context, self.auth), protocol.CODEC_TORCHSERVE,
             [(n, "application/octet-stream") for n in names], forwarded_metadata(context),
-            [request.input[n] for n in names])
+            [request.input[n] for n in names], timeout_ms=deadline_ms(context))
         return await ask(context, self.bridge.call(rid, frames, self.reply_timeout, stream))
 
 

@@ -23,7 +23,7 @@ from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import ControllerGone
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2 as pb
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2_grpc as pb_grpc
-from mservd.frontends.grpc.torchserve import ask, forwarded_metadata, metadata_token
+from mservd.frontends.grpc.torchserve import ask, deadline_ms, forwarded_metadata, metadata_token
 from mservd.v2.codec import Tensor, V2Error, decode_response, to_bytes
 from mservd.v2.handling import HEADER_LENGTH, content_type
 
@@ -148,7 +148,8 @@ class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
         frames = protocol.prediction(
             rid, request.model_name, request.model_version or None,
             metadata_token(context, self.auth), protocol.CODEC_V2,
-            [("v2", content_type(header_length))], forwarded_metadata(context), [body])
+            [("v2", content_type(header_length))], forwarded_metadata(context), [body],
+            timeout_ms=deadline_ms(context))
         reply = await ask(context, self.bridge.call(rid, frames, self.reply_timeout))
         length = reply.headers.get(HEADER_LENGTH)
         try:

@@ -25,7 +25,6 @@ from mservd.frontends.http.request import (
     forwarded_headers,
     need_method,
     relay,
-    request_timeout_ms,
 )
 from mservd.specs import HttpFrontendSpec
 
@@ -70,7 +69,7 @@ class InferenceRoutes:
         model = parts[2]
         version = parts[3] if len(parts) == 4 and parts[3] else None
         headers = request.headers
-        timeout_ms = request_timeout_ms(headers.get("x-request-timeout-ms"))
+        timeout_ms = request.timeout_ms()
         token = self.gateway.token(request)
 
         def frames(rid: bytes, body: bytes) -> list[bytes]:

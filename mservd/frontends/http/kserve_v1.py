@@ -63,7 +63,7 @@ async def answer(routes: Gateway, request: HttpRequest, path: str) -> Answer:
                 return protocol.prediction(
                     rid, name, None, token, protocol.CODEC_KSERVE_V1,
                     [("body", request.headers.get("content-type", ""))],
-                    forwarded_headers(request.headers), [body])
+                    forwarded_headers(request.headers), [body], timeout_ms=request.timeout_ms())
 
             return await routes.forward(request, frames, shape=KSERVE)
     raise ResourceNotFound(f"Requested resource is not found: {request.method} {path}. The "

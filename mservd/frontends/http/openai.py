@@ -48,7 +48,8 @@ async def answer(routes: Gateway, request: HttpRequest) -> Answer:
         doc = check(kind, body)
         return protocol.prediction(rid, doc["model"], None, routes.token(request),
                                    protocol.CODEC_OPENAI, [(kind, "application/json")],
-                                   forwarded_headers(request.headers), [body])
+                                   forwarded_headers(request.headers), [body],
+                                   timeout_ms=request.timeout_ms())
 
     return as_events(await routes.forward(request, frames, stream=True, shape=OPENAI,
                                           door=False), OPENAI)

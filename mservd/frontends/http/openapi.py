@@ -386,6 +386,122 @@ def _kserve_v1_paths() -> dict[str, Any]:
     }
 
 
+_OPENAI_ERROR = {"$ref": "#/components/schemas/OpenAIError"}
+
+_GENERATION_FIELDS: dict[str, Any] = {
+    "model": {"type": "string", "minLength": 1},
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "seed": {"type": "integer"},
+    "stop": {"oneOf": [{"type": "string"},
+                       {"type": "array", "maxItems": 4, "items": {"type": "string"}}]},
+    "n": {"type": "integer", "enum": [1]},
+    "stream": {"type": "boolean"},
+    "stream_options": {"type": "object",
+                       "properties": {"include_usage": {"type": "boolean"}}},
+    "ignore_eos": {"type": "boolean", "description": "Generate max_tokens, past EOS."},
+}
+
+# One server-sent event, as a client parses it: its data is the chunk's JSON (or [DONE]).
+_EVENT = {"type": "object", "properties": {"data": {"type": "string"},
+                                           "event": {"type": "string"}}}
+
+_OPENAI_SCHEMAS: dict[str, Any] = {
+    "OpenAIError": {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "type"], "properties": {
+            "message": {"type": "string"}, "type": {"type": "string"},
+            "param": {"type": "string", "nullable": True},
+            "code": {"type": "string", "nullable": True}}}}},
+    "ChatCompletionRequest": {"type": "object", "required": ["model", "messages"],
+                              "properties": {**_GENERATION_FIELDS, "messages": {
+                                  "type": "array", "minItems": 1, "items": {
+                                      "type": "object", "required": ["role", "content"],
+                                      "properties": {"role": {"type": "string"},
+                                                     "content": {"type": "string"}}}}}},
+    "CompletionRequest": {"type": "object", "required": ["model", "prompt"],
+                          "properties": {**_GENERATION_FIELDS, "prompt": {"type": "string"}}},
+    "EmbeddingRequest": {"type": "object", "required": ["model", "input"], "properties": {
+        "model": {"type": "string", "minLength": 1},
+        "input": {"oneOf": [{"type": "string"},
+                            {"type": "array", "items": {"type": "string"}}]}}},
+    "GenerateRequest": {"type": "object", "required": ["text_input"], "properties": {
+        "text_input": {"type": "string"},
+        "parameters": {"type": "object", "properties": {
+            key: _GENERATION_FIELDS[key] for key in ("max_tokens", "temperature", "top_p",
+                                                     "seed", "stop", "ignore_eos")}}}},
+    "GenerateResponse": {"type": "object", "required": ["model_name", "text_output"],
+                         "properties": {"model_name": {"type": "string"},
+                                        "model_version": {"type": "string"},
+                                        "text_output": {"type": "string"}}},
+}
+
+
+def _openai_paths() -> dict[str, Any]:
+    """OpenAI's routes of ``mservd/frontends/http/openai.py``, also under ``/openai``."""
+    def generation(op_id: str, summary: str, request: str, answer: str) -> dict[str, Any]:
+        return {"post": {
+            "operationId": op_id, "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{request}"}}}},
+            "responses": {
+                "200": {"description": f"{answer}; with \"stream\": true, server-sent events "
+                                       "(one chunk each) ending with data: [DONE].",
+                        "content": {"application/json": {"schema": {"type": "object"}},
+                                    "text/event-stream": {"schema": _EVENT}}},
+                **_errors(400, 401, 404, 405, 413, 500, 503, 504, 507, schema=_OPENAI_ERROR)},
+        }}
+
+    paths = {
+        "/v1/chat/completions": generation(
+            "chatCompletions", "Chat: the messages through the model's chat template.",
+            "ChatCompletionRequest", "A chat.completion"),
+        "/v1/completions": generation(
+            "completions", "Text completion of a prompt.", "CompletionRequest",
+            "A text_completion"),
+        "/v1/embeddings": {"post": {
+            "operationId": "embeddings", "summary": "One vector per input text.",
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/EmbeddingRequest"}}}},
+            "responses": {
+                "200": _json("A list of embeddings.", {"type": "object"}),
+                **_errors(400, 401, 404, 405, 413, 500, 503, 504, 507, schema=_OPENAI_ERROR)},
+        }},
+    }
+    for path, item in list(paths.items()):
+        paths["/openai" + path] = {method: {**op, "operationId": "openai" + op["operationId"]}
+                                   for method, op in item.items()}
+    return paths
+
+
+def _generate_paths() -> dict[str, Any]:
+    """Triton's generate extension, in ``mservd/frontends/http/v2.py``."""
+    paths: dict[str, Any] = {}
+    for versioned in (False, True):
+        params = [_path("model_name", "The model's name.")]
+        prefix = "/v2/models/{model_name}"
+        if versioned:
+            params.append(_path("model_version", "The model version."))
+            prefix += "/versions/{model_version}"
+        for rest, answer in (("generate", ("application/json", {
+                "$ref": "#/components/schemas/GenerateResponse"})),
+                             ("generate_stream", ("text/event-stream", _EVENT))):
+            op_id = "v2" + rest.title().replace("_", "") + ("Version" if versioned else "")
+            paths[f"{prefix}/{rest}"] = {"post": {
+                "operationId": op_id,
+                "summary": "The whole generated text." if rest == "generate" else
+                           "The generated text as server-sent events, a part each.",
+                "parameters": params,
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/GenerateRequest"}}}},
+                "responses": {
+                    "200": {"description": "The answer.",
+                            "content": {answer[0]: {"schema": answer[1]}}},
+                    **_errors(400, 401, 404, 405, 413, 500, 503, 504, 507, schema=_V2_ERROR)},
+            }}
+    return paths
+
+
 def inference_api() -> dict[str, Any]:
     """The OpenAPI 3 document of the inference address."""
     paths = {**_description_paths(), **_inference_paths()}
@@ -397,8 +513,13 @@ def inference_api() -> dict[str, Any]:
                    "V1 routes (/v1/models...) answer errors as {error}.")
     paths.update(_kserve_v1_paths())
     paths.update(_v2_paths())
+    paths.update(_generate_paths())
+    paths.update(_openai_paths())
     schemas.update(_V2_SCHEMAS)
-    description += " The Open Inference Protocol v2 routes (/v2/...) answer errors as {error}."
+    schemas.update(_OPENAI_SCHEMAS)
+    description += (" The Open Inference Protocol v2 routes (/v2/...) answer errors as {error};"
+                    " OpenAI's (/v1/chat/completions, /v1/completions, /v1/embeddings, also "
+                    "under /openai) as {error: {message, type, param, code}}.")
     return _document("mservd inference API", description, paths, schemas)
 
 

@@ -112,6 +112,11 @@ class HttpRequest:
         if self.connection is not None:
             self.connection.on_lost = callback
 
+    def timeout_ms(self) -> float | None:
+        """The client's own deadline from ``X-Request-Timeout-Ms``, if it sent one: how long
+        the request may wait in the queue, and how long a generation may run."""
+        return request_timeout_ms(self.headers.get("x-request-timeout-ms"))
+
     def token(self, auth: bool) -> str | None:
         """The request's bearer token when the server checks tokens, else None."""
         return bearer_token(self.headers.get("authorization")) if auth else None
@@ -213,7 +218,7 @@ def forwarded_headers(headers: dict[str, str]) -> dict[str, str]:
 
 
 def request_timeout_ms(value: str | None) -> float | None:
-    """The client's own queue deadline from ``X-Request-Timeout-Ms``, if it sent one."""
+    """Milliseconds from an ``X-Request-Timeout-Ms`` value (None: not sent)."""
     if value is None:
         return None
     try:

@@ -86,7 +86,8 @@ async def answer(routes: Gateway, request: HttpRequest) -> Answer:
             def frames(rid: bytes, body: bytes) -> list[bytes]:
                 return protocol.prediction(rid, model, version, token, protocol.CODEC_GENERATE,
                                            [(rest, "application/json")],
-                                           forwarded_headers(request.headers), [body])
+                                           forwarded_headers(request.headers), [body],
+                                           timeout_ms=request.timeout_ms())
 
             return as_events(await routes.forward(request, frames, stream=True, shape=KSERVE),
                              KSERVE)
@@ -128,6 +129,7 @@ async def infer(routes: Gateway, request: HttpRequest, model: str, version: str 
                              "bytes; send the JSON header's length in bytes.")
         return protocol.prediction(rid, model, version, token, protocol.CODEC_V2,
                                    [("v2", v2_content_type(length))],
-                                   forwarded_headers(request.headers), [body])
+                                   forwarded_headers(request.headers), [body],
+                                   timeout_ms=request.timeout_ms())
 
     return await routes.forward(request, frames, shape=KSERVE)

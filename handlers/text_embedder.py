@@ -1,9 +1,13 @@
-"""Sentence embeddings with all-MiniLM-L6-v2: one text in, 384 unit-norm floats out.
+"""The built-in ``text_embedder`` handler: one text in, one embedding (a list of floats) out.
 
-The archive carries the model's own files (weights, config, tokenizer), so ``initialize`` loads
-them from ``model_dir`` with ``local_files_only`` and never touches the network. A batch is
-tokenised with padding, run once, mean-pooled over the attention mask and L2-normalised:
-what sentence-transformers does for this model.
+It serves any transformers text encoder whose files (config, weights, tokenizer) are in the
+model directory: an archive's, or a model folder served as it is (``mservd/model_folder.py``).
+``initialize`` loads them with ``local_files_only`` and never touches the network. A batch is
+tokenised with padding, run once, pooled and, by default, L2-normalised: what
+sentence-transformers does. A sentence-transformers folder's own files choose the pooling
+(``1_Pooling/config.json``: mean or CLS token), whether to normalise (``modules.json`` lists
+``Normalize``) and the length (``sentence_bert_config.json``); model-config.yaml's ``handler:``
+``pooling``, ``normalize`` and ``max_length`` override them.
 
 Input per request: a text body (``str`` or bytes), a JSON string, or JSON ``{"text": "..."}``.
 A request without usable text fails alone with 400.
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 # Must be set before transformers/huggingface_hub are imported: they read it once.
@@ -25,10 +30,10 @@ from transformers.utils import logging as transformers_logging
 
 from handlers import BaseHandler, RequestError
 
-DEFAULT_MAX_LENGTH = 256
+DEFAULT_MAX_LENGTH = 512
 
 
-class MiniLMHandler(BaseHandler):
+class TextEmbedder(BaseHandler):
     def initialize(self, context: Any) -> None:
         properties = context.system_properties
         model_dir = properties.get("model_dir")
@@ -38,7 +43,12 @@ class MiniLMHandler(BaseHandler):
         else:
             self.device = torch.device("cpu")
         handler_config = (getattr(context, "model_yaml_config", None) or {}).get("handler") or {}
-        self.max_length = int(handler_config.get("max_length", DEFAULT_MAX_LENGTH))
+        found = _sentence_transformers_settings(model_dir)
+        self.max_length = int(handler_config.get("max_length", found["max_length"]))
+        self.pooling = str(handler_config.get("pooling", found["pooling"]))
+        if self.pooling not in ("mean", "cls"):
+            raise ValueError(f"handler.pooling must be 'mean' or 'cls', got {self.pooling!r}")
+        self.normalize = bool(handler_config.get("normalize", found["normalize"]))
         # A progress bar per worker start is noise in the worker log.
         transformers_logging.disable_progress_bar()
         self.context = context
@@ -75,15 +85,42 @@ class MiniLMHandler(BaseHandler):
             return torch.empty((0, self.model.config.hidden_size))
         with torch.inference_mode():
             tokens = self.model(**data).last_hidden_state
-            mask = data["attention_mask"].unsqueeze(-1).to(tokens.dtype)
-            pooled = (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            return F.normalize(pooled, p=2, dim=1)
+            if self.pooling == "cls":
+                pooled = tokens[:, 0]
+            else:
+                mask = data["attention_mask"].unsqueeze(-1).to(tokens.dtype)
+                pooled = (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            return F.normalize(pooled, p=2, dim=1) if self.normalize else pooled
 
     def postprocess(self, data: torch.Tensor) -> list[Any]:
         rows = data.cpu().tolist()
         return [
             rows[slot] if isinstance(slot, int) else RequestError(400, slot) for slot in self._slots
         ]
+
+
+def _sentence_transformers_settings(model_dir: str) -> dict[str, Any]:
+    """Pooling, normalisation and length as a sentence-transformers folder declares them;
+    mean pooling, normalised, 512 tokens when it declares nothing."""
+    folder = Path(model_dir)
+    found: dict[str, Any] = {"pooling": "mean", "normalize": True,
+                             "max_length": DEFAULT_MAX_LENGTH}
+    try:
+        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+        found["normalize"] = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
+        for module in modules:
+            if str(module.get("type", "")).endswith("Pooling"):
+                pooling = json.loads((folder / module["path"] / "config.json").read_text())
+                if pooling.get("pooling_mode_cls_token"):
+                    found["pooling"] = "cls"
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        pass  # not a sentence-transformers folder, or one we do not read: the defaults
+    try:
+        bert = json.loads((folder / "sentence_bert_config.json").read_text(encoding="utf-8"))
+        found["max_length"] = int(bert["max_seq_length"])
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    return found
 
 
 def _text_of(request: dict[str, Any]) -> tuple[str | None, str]:
