@@ -171,6 +171,7 @@ def _print_state(state: dict[str, Any]) -> None:
     click.echo(f"mservd {state.get('version', '')} running (pid {state['pid']})")
     for api in ("inference", "management", "metrics"):
         click.echo(f"  {api + ' API:':<16} {state['addresses'][api]}")
+    click.echo(f"  {'dashboard:':<16} {state['addresses']['management']}/dashboard")
     if state.get("key_file"):
         click.echo(f"  {'keys:':<16} {state['key_file']}")
     else:

@@ -283,6 +283,18 @@ def _describe_block(desc: dict[str, Any]) -> str:
         ("queue", (f"{queue.get('pendingRequests', 0)} pending, "
                    f"{queue.get('remainingCapacity', 0)} free")),
     ]
+    if desc.get("batchSizeNow") is not None:
+        settings.append(("batch size now", f"{desc['batchSizeNow']}, delay "
+                                           f"{desc.get('maxBatchDelayNow')} ms (auto)"))
+    if desc.get("maxLatencyMs"):
+        settings.append(("latency target", f"{desc['maxLatencyMs']} ms"))
+    cost = desc.get("batchCost")
+    if cost:
+        settings.append(("batch cost", f"{cost['fixedMs']} ms + {cost['perItemMs']} ms per "
+                                       f"request (r² {cost['r2']}, {cost['samples']} batches)"))
+        advice = cost["advice"]
+        settings.append(("advised", f"batch {advice['batchSize']}, delay "
+                                    f"{advice['maxBatchDelay']} ms: {advice['why']}"))
     if desc.get("loadError"):
         settings.append(("load error", desc["loadError"].splitlines()[0]))
     width = max(len(key) for key, _ in settings) + 1
@@ -296,6 +308,47 @@ def _describe_block(desc: dict[str, Any]) -> str:
     else:
         lines.append("  no workers")
     return "\n".join(lines)
+
+
+@models_group.command("advise")
+@click.argument("model")
+@click.argument("version", required=False)
+@click.option("--target-ms", type=click.FloatRange(min=0, min_open=True),
+              help="The latency target to advise for (default: the model's maxLatencyMs).")
+@client_options()
+@json_option
+def advise_command(client: Client, model: str, version: str | None, target_ms: float | None,
+                   as_json: bool) -> None:
+    """What batching does for MODEL: its fitted batch cost t(B) = c + m*B, the speed-up
+    S(B) = B(c+m)/(c+Bm) with its ceiling 1 + c/m, a worker's throughput B/(c+Bm), and the
+    batch size and delay advised (within the latency target, if any)."""
+    from mservd.advisor import Fit, advise, curve
+
+    desc = client.call("GET", _path(model, version))[0]
+    cost = desc.get("batchCost")
+    if not cost:
+        raise click.ClickException(
+            f"No fit yet for {desc['modelName']} {desc['modelVersion']}: the advisor needs "
+            "16 batches of at least two sizes. Send it concurrent requests and ask again.")
+    fit = Fit(cost["fixedMs"] / 1e3, cost["perItemMs"] / 1e3, cost["r2"], cost["samples"],
+              cost["batchSizes"])
+    target = target_ms if target_ms is not None else desc.get("maxLatencyMs")
+    advice = advise(fit, target / 1e3 if target else None)
+    points = curve(fit)
+    if as_json:
+        _print_json({"model": desc["modelName"], "version": desc["modelVersion"], **cost,
+                     "targetMs": target, "curve": points, "advice": advice.to_dict()})
+        return
+    click.echo(f"{desc['modelName']} {desc['modelVersion']}: a batch of B takes "
+               f"{cost['fixedMs']} ms + {cost['perItemMs']} ms x B "
+               f"(r² {cost['r2']}, from {cost['samples']} batches of {cost['batchSizes']} sizes)")
+    click.echo(f"speed-up ceiling 1 + c/m = {fit.ceiling:.1f}x")
+    rows = [(p["batchSize"], f"{p['speedup']:.2f}x", f"{p['throughput']:.1f}",
+             f"{p['batchMs']:.2f}") for p in points]
+    click.echo(_table(("BATCH", "SPEED-UP S(B)", "REQ/S PER WORKER", "BATCH MS"), rows))
+    where = f" for a {target:g} ms target" if target else ""
+    click.echo(f"advised{where}: batch size {advice.batch_size}, max batch delay "
+               f"{advice.max_batch_delay_ms} ms — {advice.why}")
 
 
 @models_group.command("register")

@@ -911,6 +911,16 @@ class ModelSettings:
     # model-config.yaml continuousBatching: a worker runs up to batch_size requests at once,
     # each joining and leaving between decoding steps (handlers/causal_lm.py)
     continuous_batching: bool = False
+    # model-config.yaml batchSize: auto: the scheduler sizes batches and their delay from the
+    # batching advisor's fit (mservd/advisor.py), starting at batch_size
+    auto_batch: bool = False
+    # model-config.yaml maxLatencyMs: the latency target the advisor sizes batches for
+    max_latency_ms: int | None = None
+
+    @property
+    def latency_target(self) -> float | None:
+        """``max_latency_ms`` in seconds (None: no target)."""
+        return self.max_latency_ms / 1000.0 if self.max_latency_ms else None
 
 
 def _device_type(value: Any) -> str:
@@ -934,17 +944,28 @@ def _device_ids(value: Any) -> tuple[int, ...]:
 
 
 _WORKERS = _chain(to_int, _at_least(0))
+_BATCH = _chain(to_int, _at_least(1))
+AUTO_BATCH_START = 8  # the batch size batchSize: auto starts from, before the advisor's fit
+
+
+def _batch_size(value: Any) -> int | str:
+    """A batch size, or ``auto``: sized by the batching advisor."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    return _BATCH(value)
+
 
 # camelCase key of model-config.yaml and the models= block → (ModelSettings field, converter)
 _MODEL_YAML_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
     {
         "minWorkers": ("min_workers", _WORKERS),
         "maxWorkers": ("max_workers", _WORKERS),
-        "batchSize": ("batch_size", _chain(to_int, _at_least(1))),
+        "batchSize": ("batch_size", _batch_size),
         "maxBatchDelay": ("max_batch_delay", _chain(to_int, _at_least(0))),
         "responseTimeout": ("response_timeout", _chain(to_int, _above(0))),
         "startupTimeout": ("startup_timeout", _chain(to_int, _above(0))),
         "jobQueueSize": ("job_queue_size", _chain(to_int, _at_least(1))),
+        "maxLatencyMs": ("max_latency_ms", _chain(to_int, _above(0))),
         "deviceType": ("device_type", _device_type),
         "deviceIds": ("device_ids", _device_ids),
         "continuousBatching": ("continuous_batching", to_bool),
@@ -959,7 +980,7 @@ _API_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
         "min_worker": ("min_workers", _WORKERS),
         "max_worker": ("max_workers", _WORKERS),
         "initial_workers": ("min_workers", _WORKERS),
-        "batch_size": ("batch_size", _chain(to_int, _at_least(1))),
+        "batch_size": ("batch_size", _batch_size),
         "max_batch_delay": ("max_batch_delay", _chain(to_int, _at_least(0))),
         "response_timeout": ("response_timeout", _chain(to_int, _above(0))),
         "startup_timeout": ("startup_timeout", _chain(to_int, _above(0))),
@@ -1024,6 +1045,8 @@ def resolve_model_settings(
         "device_ids": (),
         "default_version": False,
         "continuous_batching": False,
+        "auto_batch": False,
+        "max_latency_ms": None,
     }
     origin: dict[str, str] = {}
     problems: list[str] = []
@@ -1069,6 +1092,8 @@ def resolve_model_settings(
         raise ConfigError(
             problems, title=f"Invalid settings for model {model_name!r} version {version!r}"
         )
+    if values["batch_size"] == "auto":
+        values["batch_size"], values["auto_batch"] = AUTO_BATCH_START, True
     return ModelSettings(**values)
 
 

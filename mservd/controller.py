@@ -39,7 +39,7 @@ from mservd.scheduler import (
     Scheduler,
     SendBatch,
 )
-from mservd.supervisor import Supervisor
+from mservd.supervisor import Supervisor, describe_exit
 from mservd.waiter import Waiter
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,7 @@ class Controller:
         self._last_maintenance = 0.0
         self.on_stopped: Callable[[], None] | None = None
         self.metrics = Metrics()
+        self.started_at = time.time()
         self.scheduler = Scheduler(settings, self.registry, self.metrics)
         self.management = Management(self)  # the management verbs, on a narrow view of this
 
@@ -298,7 +299,10 @@ class Controller:
     def reap_workers(self, now: float) -> None:
         for worker in self.supervisor.reap_workers(now):
             if not worker.stop_requested:
-                self.metrics.version(worker.mv.key).restarts.inc()
+                self.metrics.version(worker.mv.key).worker_died()
+                self.metrics.event("worker died", f"worker {worker.id} (pid {worker.pid}) "
+                                   f"{describe_exit(worker.proc.returncode)}",
+                                   model=worker.model, version=worker.version)
             self.perform(self.scheduler.worker_lost(worker, now))
         self.check_waiters(now)
 

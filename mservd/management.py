@@ -8,6 +8,7 @@ supervisor, and never blocks.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -22,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import archiver
 from archiver import ArchiveError, UnpackLimits
 from archiver.manifest import validate_model_name, validate_version
-from mservd import model_folder
+from mservd import model_folder, overview
+from mservd.advisor import advise
 from mservd.config import ConfigError, read_model_yaml, resolve_model_settings, to_bool, to_int
 from mservd.errors import (
     BadRequest,
@@ -55,6 +57,7 @@ class ModelService(Protocol):
     keys: KeyStore | None
     metrics: Metrics
     scheduler: Scheduler
+    started_at: float  # time.time() when the controller was made
 
     def submit(self, fn: Callable[..., Any], done: Callable[[Future], None],
                *args: Any) -> None: ...
@@ -437,20 +440,13 @@ class Management:
         return Reply(200, [self.describe(mv) for mv in versions])
 
     def describe(self, mv: ModelVersion) -> dict[str, Any]:
-        import psutil
-
         workers = []
         for worker in sorted(mv.workers.values(), key=lambda w: int(w.id)):
-            try:
-                memory = psutil.Process(worker.pid).memory_info().rss if worker.pid else 0
-            except psutil.Error:
-                memory = 0
             workers.append({
                 "id": worker.id,
                 "startTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(worker.started)) + "Z",
-                "status": "READY" if worker.is_serving else (
-                    "STOPPING" if worker.stop_requested else worker.state.value),
-                "memoryUsage": memory,
+                "status": worker.status,
+                "memoryUsage": worker.memory_bytes(),
                 "pid": worker.pid,
                 "gpu": worker.gpu_id is not None,
                 "gpuUsage": f"gpuId::{worker.gpu_id}" if worker.gpu_id is not None else "N/A",
@@ -467,9 +463,21 @@ class Management:
             "jobQueueStatus": {"remainingCapacity": mv.batcher.remaining_capacity,
                                "pendingRequests": len(mv.batcher)},
         }
+        fit = mv.batch_costs.fit()
+        if fit is not None:  # the batching advisor's (mservd models advise shows its curve)
+            out["batchCost"] = {**fit.to_dict(),
+                                "advice": advise(fit, mv.settings.latency_target).to_dict()}
         if mv.load_error:
             out["loadError"] = mv.load_error
         return out
+
+    def op_overview(self, args: dict[str, Any], respond: Respond):
+        """What the dashboard draws (mservd/overview.py), on one line: each document is one
+        server-sent event."""
+        ctl = self.ctl
+        document = overview.document(ctl.registry, ctl.scheduler, ctl.supervisor, ctl.metrics,
+                                     ctl.started_at, time.monotonic())
+        return Reply(200, json.dumps(document, separators=(",", ":")).encode())
 
     def op_list(self, args: dict[str, Any], respond: Respond):
         limit = _int(args, "limit", 100)

@@ -9,8 +9,10 @@ registered here on first sight, by name.
 
 from __future__ import annotations
 
+import collections
 import logging
 import re
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from mservd import protocol
+from mservd.advisor import advise
 
 if TYPE_CHECKING:
     from mservd.registry import ModelVersion, Registry
@@ -29,6 +32,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
                    10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 _NAME_OK = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+EVENTS = 100  # worker deaths and refusals the dashboard's log keeps
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -37,7 +41,7 @@ class VersionMetrics:
     """The labelled children of one model version, looked up once."""
 
     __slots__ = ("requests", "latency_us", "queue_us", "latency", "queue", "handler", "batch",
-                 "restarts", "first_part", "between_parts")
+                 "restarts", "first_part", "between_parts", "answers", "restart_count")
 
     def __init__(self, m: Metrics, name: str, version: str) -> None:
         self.requests = m.requests.labels(name, version)
@@ -50,6 +54,15 @@ class VersionMetrics:
         self.restarts = m.restarts.labels(name, version)
         self.first_part = m.first_part.labels(name, version)
         self.between_parts = m.between_parts.labels(name, version)
+        self.answers: dict[int, int] = {}  # answers by HTTP status (the dashboard's errors)
+        self.restart_count = 0
+
+    def answered(self, status: int) -> None:
+        self.answers[status] = self.answers.get(status, 0) + 1
+
+    def worker_died(self) -> None:
+        self.restarts.inc()
+        self.restart_count += 1
 
 
 class Metrics:
@@ -99,8 +112,26 @@ class Metrics:
                           MODEL, registry=r)
         self.memory = Gauge("mservd_worker_memory_bytes", "Resident memory of each worker.",
                             (*MODEL, "worker_id"), registry=r)
+        # the batching advisor's fit per version (mservd/advisor.py), set when scraped
+        self.fixed_cost = Gauge("mservd_batch_fixed_cost_seconds", "The batching advisor's "
+                                "fitted cost of a batch paid once (c in t(B) = c + m*B).", MODEL,
+                                registry=r)
+        self.item_cost = Gauge("mservd_batch_item_cost_seconds", "The batching advisor's fitted "
+                               "cost per request of a batch (m in t(B) = c + m*B).", MODEL,
+                               registry=r)
+        self.fit_r2 = Gauge("mservd_batch_cost_fit_r2", "How well t(B) = c + m*B fits the recent "
+                            "batch timings (1: exactly).", MODEL, registry=r)
+        self.advised_batch = Gauge("mservd_advised_batch_size", "The batch size the batching "
+                                   "advisor recommends.", MODEL, registry=r)
+        self.batch_limit = Gauge("mservd_batch_size_limit", "The batch size a version's batcher "
+                                 "takes now (set, or chosen by batchSize: auto).", MODEL,
+                                 registry=r)
         self._versions: dict[tuple[str, str], VersionMetrics] = {}
         self._custom: dict[str, Any] = {}
+        # what the dashboard reads (mservd/overview.py): totals kept as plain numbers
+        self.classes = {"2XX": 0, "4XX": 0, "5XX": 0}
+        self.refused: collections.Counter[str] = collections.Counter()
+        self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=EVENTS)
 
     def version(self, key: tuple[str, str]) -> VersionMetrics:
         children = self._versions.get(key)
@@ -108,10 +139,48 @@ class Metrics:
             children = self._versions[key] = VersionMetrics(self, *key)
         return children
 
-    def answered(self, status: int) -> None:
-        counter = self.by_class.get(f"{status // 100}XX")
+    def answered(self, status: int, vm: VersionMetrics | None = None) -> None:
+        cls = f"{status // 100}XX"
+        counter = self.by_class.get(cls)
         if counter is not None:
             counter.inc()
+            self.classes[cls] += 1
+        if vm is not None:
+            vm.answered(status)
+
+    def event(self, kind: str, message: str, **fields: Any) -> None:
+        """Remember a worker death or a refusal for the dashboard's log (the last EVENTS)."""
+        self.events.append({"time": time.time(), "kind": kind, "message": message, **fields})
+
+    def answer_classes(self) -> dict[str, int]:
+        return dict(self.classes)
+
+    def frontend_restart_counts(self) -> dict[str, float]:
+        counts = {"http": 0.0, "grpc": 0.0}
+        for metric in self.frontend_restarts.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    counts[sample.labels["frontend"]] = sample.value
+        return counts
+
+    def histograms(self, name: str) -> dict[tuple[str, str], dict[str, Any]]:
+        """One of the per-version histograms (``latency``, ``batch``, ``first_part``,
+        ``between_parts``) as {(model, version): buckets (upper bounds, None for +Inf),
+        cumulative counts, count, sum}."""
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for metric in getattr(self, name).collect():
+            for sample in metric.samples:
+                key = (sample.labels.get("model_name"), sample.labels.get("model_version"))
+                doc = out.setdefault(key, {"buckets": [], "counts": [], "count": 0, "sum": 0.0})
+                if sample.name.endswith("_bucket"):
+                    bound = float(sample.labels["le"])
+                    doc["buckets"].append(None if bound == float("inf") else bound)
+                    doc["counts"].append(int(sample.value))
+                elif sample.name.endswith("_count"):
+                    doc["count"] = int(sample.value)
+                elif sample.name.endswith("_sum"):
+                    doc["sum"] = sample.value
+        return out
 
     def record_handler_samples(self, samples: list[protocol.Sample]) -> None:
         """Handler metrics shipped by a worker."""
@@ -144,13 +213,21 @@ class Metrics:
         """The text for ``GET /metrics``: state gauges are read now."""
         import psutil
 
-        self.pending.clear()
-        self.live.clear()
-        self.memory.clear()
+        for gauge in (self.pending, self.running, self.live, self.memory, self.batch_limit,
+                      self.fixed_cost, self.item_cost, self.fit_r2, self.advised_batch):
+            gauge.clear()  # a version unregistered since the last scrape shows no more
         for mv in registry.all_versions():
             self.pending.labels(mv.name, mv.version).set(len(mv.batcher))
             self.running.labels(mv.name, mv.version).set(running(mv))
             self.live.labels(mv.name, mv.version).set(mv.live_count())
+            self.batch_limit.labels(mv.name, mv.version).set(mv.batcher.batch_size)
+            fit = mv.batch_costs.fit()
+            if fit is not None:
+                self.fixed_cost.labels(mv.name, mv.version).set(fit.fixed)
+                self.item_cost.labels(mv.name, mv.version).set(fit.per_item)
+                self.fit_r2.labels(mv.name, mv.version).set(fit.r2)
+                self.advised_batch.labels(mv.name, mv.version).set(
+                    advise(fit, mv.settings.latency_target).batch_size)
             for worker in mv.workers.values():
                 if worker.pid is None:
                     continue

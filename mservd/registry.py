@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mservd.advisor import BatchCosts
 from mservd.batcher import Batcher
 from mservd.errors import Forbidden, ModelNotFound
 
@@ -39,10 +40,13 @@ class ModelVersion:
     registered_at: float = field(default_factory=time.time)
     batch_seconds: float = 0.0  # recent time a worker takes for one batch (moving average)
     batcher: Batcher = field(init=False)
+    batch_costs: BatchCosts = field(init=False)  # the advisor's recent batch timings
+    batches_since_sized: int = 0  # batchSize: auto re-sizes every SIZE_EVERY batches
 
     def __post_init__(self) -> None:
         s = self.settings
         self.batcher = Batcher(s.batch_size, s.max_batch_delay / 1000.0, s.job_queue_size)
+        self.batch_costs = BatchCosts()
         self.target_workers = s.min_workers
         self.max_workers = s.max_workers
 
@@ -63,6 +67,12 @@ class ModelVersion:
                     "responseTimeout": s.response_timeout, "startupTimeout": s.startup_timeout}
         if s.continuous_batching:
             document["continuousBatching"] = True
+        if s.auto_batch:
+            document["batchSize"] = "auto"
+            document["batchSizeNow"] = self.batcher.batch_size
+            document["maxBatchDelayNow"] = round(self.batcher.max_batch_delay * 1000.0, 3)
+        if s.max_latency_ms:
+            document["maxLatencyMs"] = s.max_latency_ms
         return document
 
     def live_count(self) -> int:

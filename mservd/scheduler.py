@@ -15,15 +15,19 @@ free, and each finishes (DONE) on its own; a client that goes away frees its slo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Union
 
 from mservd import protocol
+from mservd.advisor import advise
 from mservd.config import Settings
 from mservd.errors import DeadlineExceeded, MservdError, NoWorker, QueueFull, WorkerDied
 from mservd.metrics import Metrics, VersionMetrics
 from mservd.registry import ModelVersion, Registry
 from mservd.worker_handle import Worker
+
+SIZE_EVERY = 32  # batches between two sizings of an auto-batched version
 
 
 class Pending:
@@ -111,6 +115,7 @@ class Scheduler:
     def submit(self, fid: bytes, route: protocol.Route, frames: list[bytes],
                now: float) -> list[Action]:
         """A new request: refused at once, or queued (and maybe sent straight to a worker)."""
+        mv = None
         try:
             mv = self.registry.get(route.model, route.version)
             if not any(w.is_serving for w in mv.workers.values()):
@@ -131,7 +136,7 @@ class Scheduler:
                     "queued (job_queue_size); retry later.",
                     headers={"Retry-After": "1"})
         except MservdError as exc:
-            return [self.refuse(fid, route.rid, exc)]
+            return [self.refuse(fid, route.rid, exc, mv, route.model)]
         self.metrics.version(mv.key).requests.inc()
         return self.dispatch(mv, now)
 
@@ -277,6 +282,9 @@ class Scheduler:
         took = now - running.started
         vm.handler.observe(took)
         mv.batch_seconds += 0.2 * (took - mv.batch_seconds)
+        mv.batch_costs.add(len(running.requests), took)
+        if mv.settings.auto_batch or mv.settings.max_latency_ms:
+            self._size_batches(mv)
         actions: list[Action] = []
         for result in results:
             pending = running.requests.pop(result.rid, None)
@@ -285,10 +293,10 @@ class Scheduler:
                 latency = now - pending.arrived
                 vm.latency.observe(latency)
                 vm.latency_us.inc(latency * 1e6)
-                self.metrics.answered(protocol.Head.parse(result.head).status)
+                self.metrics.answered(protocol.Head.parse(result.head).status, vm)
         for pending in running.requests.values():
             actions.append(self.refuse(pending.fid, pending.rid, WorkerDied(
-                "The worker returned no answer for this request.")))
+                "The worker returned no answer for this request."), mv))
         return actions + self.dispatch(mv, now)
 
     def _finished_some(self, worker: Worker, running: Running, results: list[protocol.Result],
@@ -305,7 +313,7 @@ class Scheduler:
             vm.latency_us.inc(latency * 1e6)
             if pending.last_part is None:
                 vm.first_part.observe(latency)
-            self.metrics.answered(protocol.Head.parse(result.head).status)
+            self.metrics.answered(protocol.Head.parse(result.head).status, vm)
         running.deadline = now + running.mv.settings.response_timeout
         if not running.requests:
             del self.running[worker.id]
@@ -328,7 +336,7 @@ class Scheduler:
                 pending.retried = True
                 mv.batcher.push_front(pending)
             else:
-                actions.append(self.refuse(pending.fid, pending.rid, WorkerDied()))
+                actions.append(self.refuse(pending.fid, pending.rid, WorkerDied(), mv))
         return actions + self.dispatch(mv, now)
 
     # -- upkeep ---------------------------------------------------------------------
@@ -353,7 +361,7 @@ class Scheduler:
                 waited = now - pending.arrived
                 actions.append(self.refuse(pending.fid, pending.rid, DeadlineExceeded(
                     f"The request waited {waited:.3f} s, past its deadline, in the queue of "
-                    f"model {mv.name} version {mv.version}; it was not computed.")))
+                    f"model {mv.name} version {mv.version}; it was not computed."), mv))
             if len(mv.batcher):
                 actions += self.dispatch(mv, now)
         return actions
@@ -373,7 +381,7 @@ class Scheduler:
             actions.append(self.refuse(pending.fid, pending.rid, DeadlineExceeded(
                 f"The request ran past its deadline ({pending.ends_by - pending.arrived:.3f} s "
                 f"after it arrived) while model {running.mv.name} generated its answer; the "
-                "rest was not computed.")))
+                "rest was not computed."), running.mv))
         if not running.requests:
             del self.running[worker_id]
         return actions + self.dispatch(running.mv, now)
@@ -398,7 +406,7 @@ class Scheduler:
     def retire(self, mv: ModelVersion) -> list[Action]:
         """A version was unregistered: its queue is answered."""
         return [self.refuse(p.fid, p.rid, NoWorker(
-            f"Model {mv.name} version {mv.version} was unregistered."))
+            f"Model {mv.name} version {mv.version} was unregistered."), mv)
             for p in mv.batcher.drain()]
 
     def idle(self) -> bool:
@@ -417,10 +425,34 @@ class Scheduler:
         self.running.clear()
         return actions
 
-    def refuse(self, fid: bytes, rid: bytes, error: MservdError) -> Refuse:
-        """The answer to a request refused with ``error`` (counted as answered)."""
-        self.metrics.answered(error.http_status)
+    def refuse(self, fid: bytes, rid: bytes, error: MservdError,
+               mv: ModelVersion | None = None, model: str | None = None) -> Refuse:
+        """The answer to a request refused with ``error``: counted as answered, by the error's
+        type, and kept in the dashboard's log of recent refusals."""
+        vm = self.metrics.version(mv.key) if mv is not None else None
+        self.metrics.answered(error.http_status, vm)
+        self.metrics.refused[error.type] += 1
+        self.metrics.event("refused", error.message, rid=rid.decode("ascii", "replace"),
+                           status=error.http_status, model=mv.name if mv else model,
+                           version=mv.version if mv else None)
         return Refuse(fid, rid, error)
+
+    def _size_batches(self, mv: ModelVersion) -> None:
+        """batchSize: auto, or a latency target: every SIZE_EVERY batches the batcher takes the
+        batch size and delay the advisor gives for the fit of the recent ones."""
+        mv.batches_since_sized += 1
+        if mv.batches_since_sized < SIZE_EVERY:
+            return
+        mv.batches_since_sized = 0
+        fit = mv.batch_costs.fit()
+        if fit is None:
+            return  # batches of one size only so far: keep what is set
+        advice = advise(fit, mv.settings.latency_target)
+        if not mv.settings.auto_batch:  # a target alone never raises the batch set
+            advice = dataclasses.replace(advice, batch_size=min(advice.batch_size,
+                                                                mv.settings.batch_size))
+        mv.batcher.batch_size = advice.batch_size
+        mv.batcher.max_batch_delay = advice.max_batch_delay_ms / 1000.0
 
 
 def observe_waits(vm: VersionMetrics, batch: list[Pending], now: float) -> None:

@@ -95,7 +95,7 @@ def _parse(document: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, st
                 "handler": entry.get("handler") or None,
                 "min_worker": int(entry["minWorkers"]),
                 "max_worker": int(entry["maxWorkers"]),
-                "batch_size": int(entry["batchSize"]),
+                "batch_size": _batch_size(entry["batchSize"]),
                 "max_batch_delay": int(entry["maxBatchDelay"]),
                 "response_timeout": int(entry["responseTimeout"]),
                 "startup_timeout": int(entry["startupTimeout"]),
@@ -104,3 +104,7 @@ def _parse(document: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, st
         if model.get("defaultVersion"):
             defaults[name] = str(model["defaultVersion"])
     return registrations, defaults
+
+
+def _batch_size(value: Any) -> int | str:
+    return "auto" if value == "auto" else int(value)

@@ -47,3 +47,19 @@ class Worker:
     def is_serving(self) -> bool:
         """Loaded and not asked to stop: it runs batches; "READY" in describe."""
         return self.state is WorkerState.SERVING and not self.stop_requested
+
+    @property
+    def status(self) -> str:
+        """As describe and the dashboard show it: READY, STOPPING, STARTING."""
+        if self.is_serving:
+            return "READY"
+        return "STOPPING" if self.stop_requested else self.state.value
+
+    def memory_bytes(self) -> int:
+        """Its resident memory now (0 before it is forked or after it is gone)."""
+        import psutil
+
+        try:
+            return psutil.Process(self.pid).memory_info().rss if self.pid else 0
+        except psutil.Error:
+            return 0

@@ -92,9 +92,8 @@ def test_an_action_sent_with_the_cookie_needs_the_dashboards_header(daemon) -> N
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install "
                                               "chromium; .ci/run installs it)")
 def test_the_page_in_a_browser_shows_models_live_and_scales_them(daemon, tmp_path) -> None:
-    from playwright.sync_api import expect, sync_playwright
-
     from conftest import wait_until
+    from playwright.sync_api import expect, sync_playwright
 
     problems: list[str] = []
     stop = threading.Event()

@@ -7,7 +7,8 @@ it and calls :meth:`FrontendApp.__call__`, which picks the API by the port it ca
 - inference: :class:`~mservd.frontends.http.inference.InferenceRoutes`, on this event loop
   (predictions go to the controller over :class:`~mservd.frontends.async_bridge.AsyncBridge`);
 - management: the Flask app of ``management.py``, on a thread pool (a register call may wait
-  minutes for a model to load), calling the same bridge through :class:`BlockingBridge`;
+  minutes for a model to load), calling the same bridge through :class:`BlockingBridge`; and
+  the dashboard (``dashboard.py``), on the event loop, since its stream stays open;
 - metrics: ``metrics.py``'s one route —
 
 then sends the :class:`Answer` and writes one access-log line. The app keeps no state beyond a
@@ -147,7 +148,7 @@ class FrontendApp:
                 return
 
     def start(self) -> None:
-        from mservd.frontends.http import inference, management, metrics
+        from mservd.frontends.http import dashboard, inference, management, metrics
 
         spec = self.spec
         loop = asyncio.get_running_loop()
@@ -159,10 +160,17 @@ class FrontendApp:
         flask_app = management.create_management_app(blocking, self.reply_timeout,
                                                       spec.auth)
         self.inference = inference.InferenceRoutes(spec, self.bridge, loop)
+        wsgi = WsgiRoutes(flask_app, self.threads, spec.ports["management"], spec.body_timeout)
+        board = dashboard.DashboardRoutes(self.bridge, spec.auth, spec.body_timeout)
+
+        async def management_routes(request: HttpRequest, scope: dict[str, Any]) -> Answer:
+            if request.path == "/dashboard" or request.path.startswith("/dashboard/"):
+                return await board.answer(request, scope)  # streams: on the loop, not Flask
+            return await wsgi.answer(request, scope)
+
         self.routes = {
             "inference": self.inference.answer,
-            "management": WsgiRoutes(flask_app, self.threads, spec.ports["management"],
-                                     spec.body_timeout).answer,
+            "management": management_routes,
             "metrics": metrics.MetricsRoutes(self.bridge).answer,
         }
         loop.call_later(ACCESS_FLUSH, self.flush_access_log)

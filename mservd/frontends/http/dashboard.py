@@ -1,0 +1,191 @@
+"""The live dashboard on the management port: ``GET /dashboard`` and what its page reads.
+
+    GET  /dashboard                  the page (mservd/static/), or a key form answered 401
+    POST /dashboard/login            the management key from that form: kept in a cookie
+    GET  /dashboard/overview         the overview document (mservd/overview.py), for scripts too
+    GET  /dashboard/events           the same document once a second, as server-sent events
+    POST /dashboard/actions/scale    {"model", "version", "min_worker"}: the scale verb
+    POST /dashboard/actions/set-default  {"model", "version"}: the set-default verb
+    GET  /dashboard/static/<file>    the page's script and style (no data in them)
+
+Every call but the form, the login and the static files carries the management key, as a
+bearer token (scripts) or the cookie the login set (the page: HttpOnly, SameSite=Strict, so a
+script on another site can neither read nor send it); the controller checks it on each
+document, so an expired key ends a stream. An action made with the cookie must also carry
+``X-Mservd-Dashboard: 1``, which a form on another site cannot send. The actions are the
+management API's own verbs, with their checks and errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs
+
+from archiver import ArchiveError
+from archiver.manifest import validate_model_name, validate_version
+from mservd.errors import BadRequest, ResourceNotFound, Unauthorized
+from mservd.frontends.async_bridge import AsyncBridge
+from mservd.frontends.bridge import bearer_token
+from mservd.frontends.http.request import JSON, Answer, HttpRequest, challenged, need_method
+
+COOKIE = "mservd_dashboard"
+EVERY = 1.0  # seconds between two documents of a stream
+TIMEOUT = 30.0  # seconds the controller has to answer one call
+MAX_BODY = 4096  # bytes of a login form or an action
+STATIC = {"dashboard.js": "text/javascript; charset=utf-8",
+          "dashboard.css": "text/css; charset=utf-8"}
+ACTIONS = {"scale": "scale", "set-default": "set_default"}
+
+_LOGIN = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>mservd dashboard
+</title><link rel="icon" href="data:,"><link rel="stylesheet" href="/dashboard/static/dashboard.css"></head><body><header>
+<h1>mservd</h1></header><main><form method="post" action="/dashboard/login" class="model">
+<h3>The management key</h3><p class="muted">It is in key_file.json, under "management". It is
+kept in a cookie for this browser session.</p><p>{problem}</p><input name="key" type="password"
+autocomplete="off" autofocus size="40"> <button>Open the dashboard</button></form></main>
+</body></html>"""
+
+
+class DashboardRoutes:
+    def __init__(self, bridge: AsyncBridge, auth: bool, body_timeout: float) -> None:
+        self.bridge = bridge
+        self.auth = auth
+        self.body_timeout = body_timeout
+
+    async def answer(self, request: HttpRequest, scope: dict[str, Any]) -> Answer:
+        path = request.path.rstrip("/") or "/"
+        if path.startswith("/dashboard/static/"):
+            return self.static(request, path.removeprefix("/dashboard/static/"))
+        if path == "/dashboard/login":
+            return await self.login(request)
+        token, by_cookie = self.credentials(request)
+        if path == "/dashboard":
+            need_method(request, "GET")
+            if self.auth and (await self.overview(token)).status == 401:
+                return login_form(401, "" if token is None else "That key was refused.")
+            return Answer(200, page("dashboard.html"), "text/html; charset=utf-8",
+                          [("Cache-Control", "no-store")])
+        if path == "/dashboard/overview":
+            need_method(request, "GET")
+            reply = await self.overview(token)
+            return Answer(reply.status, reply.body, reply.content_type,
+                          challenged(reply.status, [("Cache-Control", "no-store")]))
+        if path == "/dashboard/events":
+            need_method(request, "GET")
+            return await self.events(request, token)
+        if path.startswith("/dashboard/actions/"):
+            return await self.action(request, path.removeprefix("/dashboard/actions/"), token,
+                                     by_cookie)
+        raise ResourceNotFound(f"Requested resource is not found: {request.path}. The dashboard "
+                               "is GET /dashboard.")
+
+    def credentials(self, request: HttpRequest) -> tuple[str | None, bool]:
+        """The key a call carries, and whether it came in the cookie."""
+        if not self.auth:
+            return None, False
+        header = request.headers.get("authorization")
+        if header is not None:
+            return bearer_token(header), False
+        for part in request.headers.get("cookie", "").split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == COOKIE and value:
+                return value, True
+        return None, False
+
+    async def overview(self, token: str | None):
+        return await self.bridge.manage("overview", {}, token, TIMEOUT)
+
+    async def login(self, request: HttpRequest) -> Answer:
+        need_method(request, "POST")
+        if not self.auth:
+            return Answer(303, b"", JSON, [("Location", "/dashboard")])
+        form = parse_qs((await request.body(MAX_BODY, self.body_timeout)).decode("utf-8",
+                                                                                  "replace"))
+        key = (form.get("key") or [""])[0].strip()
+        if not key or "\r" in key or "\n" in key or ";" in key or (
+                await self.overview(key)).status != 200:
+            return login_form(401, "That key was refused: give the management key.")
+        cookie = f"{COOKIE}={key}; Path=/dashboard; HttpOnly; SameSite=Strict"
+        return Answer(303, b"", JSON, [("Location", "/dashboard"), ("Set-Cookie", cookie)])
+
+    async def events(self, request: HttpRequest, token: str | None) -> Answer:
+        first = await self.overview(token)
+        if first.status != 200:
+            return Answer(first.status, first.body, first.content_type,
+                          challenged(first.status, []))
+        gone = asyncio.Event()
+        request.on_hang_up(gone.set)
+
+        async def stream():
+            reply = first
+            while True:
+                if reply.status != 200:  # the key expired or the daemon is stopping
+                    yield b"event: error\ndata: " + reply.body + b"\n\n"
+                    return
+                yield b"data: " + reply.body + b"\n\n"
+                try:
+                    await asyncio.wait_for(gone.wait(), EVERY)
+                    return  # the page was closed: no more documents are asked for
+                except TimeoutError:
+                    pass
+                reply = await self.overview(token)
+
+        return Answer(200, b"", "text/event-stream",
+                      [("Cache-Control", "no-store"), ("X-Accel-Buffering", "no")], stream=stream())
+
+    async def action(self, request: HttpRequest, name: str, token: str | None,
+                     by_cookie: bool) -> Answer:
+        verb = ACTIONS.get(name)
+        if verb is None:
+            raise ResourceNotFound(f"No dashboard action {name!r}: use "
+                                   f"{', '.join(ACTIONS)}.")
+        need_method(request, "POST")
+        if by_cookie and request.headers.get("x-mservd-dashboard") != "1":
+            raise Unauthorized("A dashboard action made with its cookie must carry the header "
+                               "X-Mservd-Dashboard: 1.")
+        try:
+            doc = json.loads(await request.body(MAX_BODY, self.body_timeout))
+        except ValueError:
+            raise BadRequest("The body must be a JSON object.") from None
+        if not isinstance(doc, dict):
+            raise BadRequest("The body must be a JSON object.")
+        args = model_args(doc)
+        if verb == "scale":
+            args["min_worker"] = doc.get("min_worker")
+            args["synchronous"] = "false"
+        reply = await self.bridge.manage(verb, args, token, TIMEOUT)
+        return Answer(reply.status, reply.body, reply.content_type,
+                      challenged(reply.status, list((reply.headers or {}).items())))
+
+    @staticmethod
+    def static(request: HttpRequest, name: str) -> Answer:
+        need_method(request, "GET")
+        if name not in STATIC:
+            raise ResourceNotFound(f"Requested resource is not found: {request.path}.")
+        return Answer(200, page(name), STATIC[name], [("Cache-Control", "no-cache")])
+
+
+def model_args(doc: dict[str, Any]) -> dict[str, Any]:
+    """The model and version an action names, checked as the management API checks URLs."""
+    model, version = doc.get("model"), doc.get("version")
+    try:
+        validate_model_name(model)
+        if version is not None:
+            validate_version(version)
+    except ArchiveError as exc:
+        raise BadRequest(str(exc)) from None
+    return {"model": model, "version": version}
+
+
+def page(name: str) -> bytes:
+    return resources.files("mservd").joinpath("static", name).read_bytes()
+
+
+def login_form(status: int, problem: str) -> Answer:
+    import html
+
+    body = _LOGIN.format(problem=html.escape(problem)).encode()
+    return Answer(status, body, "text/html; charset=utf-8",
+                  challenged(status, [("Cache-Control", "no-store")]))
