@@ -13,16 +13,12 @@ here (the older frontend needed httptools).
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import loadgen
+from benchmarks import loadgen, rounds
 from benchmarks.scenarios import workload_for
 from benchmarks.systems import REPO, Mservd
 from benchmarks.workloads import build_workloads
@@ -70,13 +66,9 @@ def one_run(system: Checkout, work, seconds: float) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = rounds.arguments(__doc__.splitlines()[0], rounds=4)
     parser.add_argument("--a", type=Path, required=True, help="checkout A (the baseline)")
     parser.add_argument("--b", type=Path, default=REPO, help="checkout B (the change)")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--store", type=Path, default=REPO / "model_store")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args(argv)
 
     loadgen.install_fast_loop()
@@ -86,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in range(args.rounds):
         for label, tree in (("A", args.a), ("B", args.b)):
             system = Checkout(tree.resolve(), label, store, 2, 8, 5)
-            load = os.getloadavg()[0]
+            load = rounds.load1()
             figures = one_run(system, work, args.seconds)
             figures["load1"] = load
             runs[label].append(figures)
@@ -100,13 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         b = [r[key] for r in runs["B"]]
         ma, mb = statistics.median(a), statistics.median(b)
         ratio = f"{mb / ma:.2f}" if ma else "-"
-        print(f"| {label} | {ma:.3g} ({min(a):.3g}–{max(a):.3g}) | "
-              f"{mb:.3g} ({min(b):.3g}–{max(b):.3g}) | {ratio} |")
+        print(f"| {label} | {rounds.spread(a, 3)} | {rounds.spread(b, 3)} | {ratio} |")
     loads = [r["load1"] for r in runs["A"] + runs["B"]]
     print(f"\nload average (1 min) before the runs: {min(loads):.2f}–{max(loads):.2f}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"frontends-ab-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"a": str(args.a), "b": str(args.b), "runs": runs}, indent=1))
+    path = rounds.save(args.out, "frontends-ab", {"a": str(args.a), "b": str(args.b),
+                                                  "runs": runs})
     print(f"results: {path}")
     return 0
 

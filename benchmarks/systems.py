@@ -202,6 +202,7 @@ class System:
 
 class Mservd(System):
     name = "mservd"
+    properties: dict[str, Any] = {}  # more config.properties keys (a models= block, say)
 
     def command(self, models: list[str]) -> tuple[list[str], dict[str, str]]:
         props = {
@@ -217,6 +218,7 @@ class Mservd(System):
             "max_batch_delay": self.max_batch_delay,
             "job_queue_size": self.job_queue_size,
             "enable_snapshot": "false",
+            **self.properties,
         }
         config = self.workdir / "config.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
