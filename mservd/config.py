@@ -605,11 +605,12 @@ class Settings:
         ),
     )
     shed_delay_ms: int = field(
-        default=20,
+        default=0,
         metadata=_meta(
             "shed_delay_ms",
             "While an inference server process runs this many ms behind, new predictions get "
-            "503 at once instead of waiting (0 turns load shedding off).",
+            "503 at once instead of waiting (0, the default, turns it off; 20 suits a server "
+            "that must shed overload in milliseconds).",
             _at_least(0),
         ),
     )
@@ -622,15 +623,16 @@ class Settings:
         metadata=_meta("max_archive_files", "Most files an archive may hold.", _above(0)),
     )
     max_queue_wait_ms: int = field(
-        default=50,
+        default=0,
         metadata=_meta(
             "max_queue_wait_ms",
             "When the oldest request queued for a model has waited this many ms beyond its "
             "max_batch_delay (or four of the model's batch times, if longer), new requests for it "
             "are refused at once with 503 and Retry-After instead of queueing. Each HTTP frontend "
             "also keeps a fast model's predictions in flight to what it answers in this time, "
-            "and to what it answers in a third of it once more arrive than it answers. 0 turns "
-            "both off.",
+            "and to what it answers in a third of it once more arrive than it answers. 0, the "
+            "default, turns both off: a request is then refused only when its model's queue is "
+            "full or it cannot be answered within its deadline (or a model's maxLatencyMs).",
             _at_least(0),
         ),
     )

@@ -125,9 +125,9 @@ class Scheduler:
             # the frontend's send time, when sane: time in the pipe to here counts as waiting
             sent = route.sent
             arrived = sent if sent is not None and 0.0 <= now - sent < 60.0 else now
-            self._admit(mv, now, arrived)
-            pending = Pending(route.rid, fid, frames, arrived,
-                              arrived + self.queue_timeout(mv, route), route.explain)
+            deadline = arrived + self.queue_timeout(mv, route)
+            self._admit(mv, now, arrived, deadline)
+            pending = Pending(route.rid, fid, frames, arrived, deadline, route.explain)
             if mv.settings.continuous_batching:
                 pending.ends_by = arrived + self.request_timeout(route)
             if not mv.batcher.add(pending):
@@ -140,21 +140,46 @@ class Scheduler:
         self.metrics.version(mv.key).requests.inc()
         return self.dispatch(mv, now)
 
-    def _admit(self, mv: ModelVersion, now: float, arrived: float) -> None:
-        """Refuse at once while requests stand still: this one reached us late, or the
-        version's queue head has waited too long — longer than batching asks
-        (max_batch_delay) plus max_queue_wait_ms, or four batch times if longer."""
-        limit = self.settings.max_queue_wait_ms / 1000.0
-        if not limit or mv.settings.continuous_batching:
+    def _admit(self, mv: ModelVersion, now: float, arrived: float, deadline: float) -> None:
+        """Refuse at once what cannot be answered in time; by default that is only a request
+        that would pass its deadline (its own timeout, the default, the response timeout)
+        waiting behind the batches queued before it — a full queue is refused by the batcher.
+        A model's latency target (maxLatencyMs) sheds to meet it: refused while its queue's
+        head has waited so long that one more batch time passes the target. The server-wide
+        ``max_queue_wait_ms`` (0, off, by default) refuses a queue standing longer than
+        batching asks (max_batch_delay) plus that wait, or four batch times if longer."""
+        if mv.settings.continuous_batching:
             return  # a generation waits for a slot as long as a sequence takes: job_queue_size
             # bounds its queue instead
-        limit = mv.settings.max_batch_delay / 1000.0 + max(limit, 4 * mv.batch_seconds)
         waited = max(now - arrived, mv.batcher.oldest_wait(now))
-        if waited > limit:
+        target = mv.settings.latency_target
+        if target is not None and waited + mv.batch_seconds > target:
             raise QueueFull(
-                f"Model {mv.name} version {mv.version} is overloaded: requests have waited "
-                f"{waited * 1000:.0f} ms to be served (max_queue_wait_ms allows "
-                f"{limit * 1000:.0f}); retry later.", headers={"Retry-After": "1"})
+                f"Model {mv.name} version {mv.version} is over its latency target: requests "
+                f"have waited {waited * 1000:.0f} ms and a batch takes "
+                f"{mv.batch_seconds * 1000:.0f} ms (maxLatencyMs {mv.settings.max_latency_ms})"
+                "; retry later.", headers={"Retry-After": "1"})
+        limit = self.settings.max_queue_wait_ms / 1000.0
+        if limit:
+            limit = mv.settings.max_batch_delay / 1000.0 + max(limit, 4 * mv.batch_seconds)
+            if waited > limit:
+                raise QueueFull(
+                    f"Model {mv.name} version {mv.version} is overloaded: requests have waited "
+                    f"{waited * 1000:.0f} ms to be served (max_queue_wait_ms allows "
+                    f"{limit * 1000:.0f}); retry later.", headers={"Retry-After": "1"})
+        wait = self.expected_wait(mv)
+        if wait > 0 and now + wait > deadline:  # nothing ahead: it may still run at once
+            raise QueueFull(
+                f"Model {mv.name} version {mv.version} cannot answer this request within its "
+                f"deadline ({deadline - arrived:.3f} s): the requests queued before it take "
+                f"about {wait:.3f} s; retry later.", headers={"Retry-After": "1"})
+
+    def expected_wait(self, mv: ModelVersion) -> float:
+        """About how long a request queued now waits for a worker: the rounds of batches its
+        live workers need for the requests ahead of it, at the version's recent batch time
+        (0 until it has run a batch)."""
+        per_round = max(1, mv.live_count()) * mv.batcher.batch_size
+        return (len(mv.batcher) // per_round) * mv.batch_seconds
 
     def queue_timeout(self, mv: ModelVersion, route: protocol.Route) -> float:
         """Seconds a request may wait for a worker: its own ask, the default, the model's."""

@@ -77,6 +77,36 @@ def test_scheduler_refuses_a_standing_queue_at_once() -> None:
     assert refused.error.http_status == 503 and "overloaded" in refused.error.message
 
 
+def test_by_default_a_standing_queue_is_served_not_refused() -> None:
+    s, mv = setup(batch_size=1, max_batch_delay=0)  # a closed loop's queue is not overload
+    s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
+    assert s.submit(FRONTEND, route(b"head", 0.0), [], now=0.0) == []
+    assert s.submit(FRONTEND, route(b"late", 0.5), [], now=0.5) == []
+
+
+def test_a_request_that_would_pass_its_deadline_behind_the_queue_is_refused_at_once() -> None:
+    s, mv = setup(batch_size=2, max_batch_delay=0)
+    mv.batch_seconds = 0.1  # its recent batch time
+    s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
+    for n in range(6):  # three batches queued: about 0.3 s before a new one is taken
+        assert s.submit(FRONTEND, route(b"q%d" % n, 0.0), [], now=0.0) == []
+    assert s.submit(FRONTEND, route(b"patient", 0.0, timeout_ms=1000), [], now=0.0) == []
+    [refused] = s.submit(FRONTEND, route(b"hurried", 0.0, timeout_ms=200), [], now=0.0)
+    assert refused.error.http_status == 503 and "deadline" in refused.error.message
+    assert refused.error.headers == {"Retry-After": "1"}
+
+
+def test_a_latency_target_sheds_once_the_queue_head_cannot_meet_it() -> None:
+    settings = Settings(models={"m": {"1.0": {"maxLatencyMs": 100}}})
+    s, mv = setup(settings=settings, batch_size=1, max_batch_delay=0)
+    mv.batch_seconds = 0.04
+    s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
+    assert s.submit(FRONTEND, route(b"head", 0.0), [], now=0.0) == []
+    assert s.submit(FRONTEND, route(b"soon", 0.05), [], now=0.05) == []  # 50 + 40 <= 100 ms
+    [refused] = s.submit(FRONTEND, route(b"late", 0.07), [], now=0.07)  # 70 + 40 > 100 ms
+    assert refused.error.http_status == 503 and "latency target" in refused.error.message
+
+
 def test_scheduler_answers_504_for_a_request_past_its_deadline_in_the_queue() -> None:
     s, mv = setup(batch_size=1)
     s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
