@@ -20,13 +20,15 @@ import zmq
 
 from mservd import codecs, protocol
 from mservd.codecs import Call, Codec
+from mservd.cores import Threads
 from mservd.lifeline import parent_changed
 
 log = logging.getLogger("mservd.worker")
 
 
-class Running:
-    """The requests a continuous worker runs, in the order they joined."""
+class SequenceTable:
+    """The requests (sequences) a continuous worker runs, in the order they joined: the
+    worker's side of what the scheduler calls a worker's running batch."""
 
     def __init__(self) -> None:
         self.requests: dict[bytes, tuple[protocol.Request, Codec, Call]] = {}
@@ -42,9 +44,9 @@ class Running:
 
 
 def serve_continuous(sock: Any, handler: Any, context: Any, worker_id: str, parent: int,
-                     max_response_size: int, ship_metrics: Any) -> int:
+                     max_response_size: int, ship_metrics: Any, threads: Threads) -> int:
     """Run requests until told to stop; the worker's exit code."""
-    running = Running()
+    running = SequenceTable()
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     shipped = time.monotonic()
@@ -69,13 +71,14 @@ def serve_continuous(sock: Any, handler: Any, context: Any, worker_id: str, pare
             else:
                 log.error("worker dropped a message of kind %r", kind[:8])
         if running.requests:
-            step(sock, handler, context, running, max_response_size)
+            with threads.batch():
+                step(sock, handler, context, running, max_response_size)
         if time.monotonic() - shipped >= 1.0:
             shipped = time.monotonic()
             ship_metrics(sock, context)
 
 
-def admit(sock: Any, frames: list[bytes], running: Running, context: Any) -> None:
+def admit(sock: Any, frames: list[bytes], running: SequenceTable, context: Any) -> None:
     """Decode new requests; one that cannot be decoded is answered 400 at once."""
     try:
         requests = protocol.parse_batch(frames)
@@ -89,7 +92,7 @@ def admit(sock: Any, frames: list[bytes], running: Running, context: Any) -> Non
         sock.send_multipart(protocol.done(refused))
 
 
-def step(sock: Any, handler: Any, context: Any, running: Running, limit: int) -> None:
+def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: int) -> None:
     """One call of the handler with every running request (one row each)."""
     entries = list(running.requests.values())
     rows, ids, headers = [], [], []

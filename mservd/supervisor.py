@@ -85,7 +85,8 @@ class Supervisor:
             handler=mv.handler,
             batch_size=mv.settings.batch_size,
             gpu_id=gpu_id,
-            threads=max(1, cores // max(1, total_workers)) if gpu_id is None else None,
+            # every core: it takes its share of them batch by batch (mservd/cores.py)
+            threads=cores if gpu_id is None else None,
             model_yaml=mv.model_yaml,
             continuous_batching=mv.settings.continuous_batching,
             **self.spec_extra,

@@ -25,6 +25,7 @@ import zmq
 from mservd import codecs, protocol
 from mservd.codecs import CODECS, Call
 from mservd.continuous import serve_continuous
+from mservd.cores import Threads
 from mservd.lifeline import EXIT_LOAD_FAILED, die_with_parent, parent_changed
 from mservd.log_format import formatter, log_to_stderr
 from mservd.specs import WorkerSpec
@@ -91,6 +92,7 @@ class TaggedStream:
 
 
 def _set_threads(threads: int | None) -> None:
+    """Every core for loading; batch by batch, the worker's share of them (``Threads``)."""
     if threads:
         import torch
 
@@ -258,13 +260,28 @@ def _tag_output(requests: str) -> None:
 
 
 def ship_metrics(sock, context) -> None:
-    """Send the handler's recorded metrics to the controller, which owns /metrics."""
+    """Send the handler's recorded metrics to the controller, which owns /metrics, with the
+    device memory this worker holds when it runs on a GPU."""
     recorder = getattr(context, "metrics", None)
-    samples = recorder.drain() if recorder is not None and hasattr(recorder, "drain") else []
+    samples = [protocol.Sample(m.name, float(m.value), m.unit,
+                               getattr(m.kind, "value", str(m.kind)), dict(m.dimensions))
+               for m in (recorder.drain() if recorder is not None and hasattr(recorder, "drain")
+                         else [])]
+    device = device_memory(context)
+    if device is not None:
+        samples.append(protocol.Sample(protocol.DEVICE_MEMORY, float(device), "Bytes", "gauge",
+                                       {}))
     if samples:
-        sock.send_multipart(protocol.metrics(
-            protocol.Sample(m.name, float(m.value), m.unit, getattr(m.kind, "value", str(m.kind)),
-                            dict(m.dimensions)) for m in samples))
+        sock.send_multipart(protocol.metrics(samples))
+
+
+def device_memory(context) -> int | None:
+    """Bytes PyTorch's allocator holds on this worker's GPU (None on the CPU)."""
+    gpu_id = (getattr(context, "system_properties", None) or {}).get("gpu_id")
+    torch = sys.modules.get("torch")
+    if gpu_id is None or torch is None or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.memory_reserved(int(gpu_id)))
 
 
 def _failed_batch(frames: list[bytes], exc: Exception) -> list[bytes] | None:
@@ -320,9 +337,10 @@ def serve(spec: WorkerSpec) -> int:
              spec.model_name, spec.version, time.monotonic() - began)
     max_response_size = spec.max_response_size
     attach_stream(context, sock, max_response_size)
+    threads = Threads(spec.threads)
     if spec.continuous_batching:  # the model's settings say so: the scheduler agrees
         return serve_continuous(sock, handler, context, spec.worker_id, parent,
-                                max_response_size, ship_metrics)
+                                max_response_size, ship_metrics, threads)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     shipped = time.monotonic()
@@ -342,7 +360,8 @@ def serve(spec: WorkerSpec) -> int:
             log.error("worker dropped a message of kind %r", kind[:8])
             continue
         try:
-            reply = run_batch(handler, context, frames[1:], max_response_size)
+            with threads.batch():
+                reply = run_batch(handler, context, frames[1:], max_response_size)
         except protocol.ProtocolError as exc:
             log.error("worker dropped a malformed batch: %s", exc)
             continue

@@ -42,6 +42,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from mservd import cores
 from mservd.specs import WorkerSpec
 
 log = logging.getLogger("mservd.zygote")
@@ -319,6 +320,7 @@ def serve(sock: socket.socket) -> int:
     die_with_parent(signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us
     preload()
+    cores.share()  # before the first fork: every worker counts itself busy in the same place
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)

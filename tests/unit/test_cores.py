@@ -1,0 +1,48 @@
+"""Intra-op threads follow the work: a worker alone busy takes every core, busy workers share."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from mservd import cores
+
+
+def test_a_lone_busy_worker_takes_every_core_and_two_share_them(monkeypatch) -> None:
+    monkeypatch.setattr(cores, "_busy", None)
+    cores.share()
+    before = torch.get_num_threads()
+    first, second = cores.Threads(4), cores.Threads(4)
+    try:
+        with first.batch():
+            assert first.now == 4  # alone
+            with second.batch():
+                assert second.now == 2  # two busy: half each
+            assert cores._busy.value == 1
+        with second.batch():
+            assert second.now == 4  # alone again
+        assert cores._busy.value == 0
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_forked_workers_count_in_the_same_place(monkeypatch) -> None:
+    monkeypatch.setattr(cores, "_busy", None)
+    cores.share()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a worker forked after share(): it counts itself busy in the parent's count
+        with cores._busy.get_lock():
+            cores._busy.value += 1
+        os.write(write, b"1")
+        os._exit(0)
+    os.read(read, 1)
+    os.waitpid(pid, 0)
+    assert cores._busy.value == 1
+
+
+def test_a_gpu_worker_leaves_torchs_threads_alone() -> None:
+    threads = cores.Threads(None)
+    with threads.batch():
+        assert threads.now is None
