@@ -3,8 +3,9 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TS_VENV := .venv-torchserve
 
-.PHONY: install samples serve stop test bench clean
+.PHONY: install samples serve stop test test-gpu bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,11 +28,20 @@ stop: $(STAMP)
 test: samples
 	$(BIN)/python -m pytest -q
 
+# The CUDA tests alone (tests/gpu: skipped where there is no NVIDIA GPU, as in `make test`).
+test-gpu: samples
+	$(BIN)/python -m pytest -q tests/gpu -rs
+
 # The benchmark suite (about 7 minutes): mservd, TorchServe (when installed) and a naive Flask
 # baseline; writes benchmarks/results/ and BENCHMARKS.md. See BENCHMARKS.md for what it needs.
-bench: samples
+bench: samples $(TS_VENV)/bin/torchserve
 	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m benchmarks.run
+
+# TorchServe as its users run it: its own environment, its own `torchserve` script, no mservd.
+$(TS_VENV)/bin/torchserve:
+	$(PYTHON) -m venv $(TS_VENV)
+	$(TS_VENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1 torchserve==0.12.0 captum
 
 clean:
 	rm -rf model_store/*.mar logs

@@ -287,7 +287,12 @@ class Controller:
                 self.perform(self.scheduler.dispatch(worker.mv, now))
                 self.check_waiters(now)
         elif kind == protocol.METRICS:
-            self.metrics.record_handler_samples(protocol.parse_metrics(frames[2]))
+            samples = protocol.parse_metrics(frames[2])
+            for sample in samples:
+                if sample.name == protocol.DEVICE_MEMORY:
+                    worker.device_memory = int(sample.value)
+            self.metrics.record_handler_samples(
+                [s for s in samples if s.name != protocol.DEVICE_MEMORY])
         elif kind == protocol.FAILED:
             failure = protocol.parse_failed(frames[2])
             worker.mv.load_error = f"{failure.message}\n{failure.traceback}".strip()

@@ -449,7 +449,7 @@ class Management:
                 "memoryUsage": worker.memory_bytes(),
                 "pid": worker.pid,
                 "gpu": worker.gpu_id is not None,
-                "gpuUsage": f"gpuId::{worker.gpu_id}" if worker.gpu_id is not None else "N/A",
+                "gpuUsage": worker.gpu_usage(),
             })
         out = {
             "modelName": mv.name,

@@ -48,7 +48,7 @@ def _version(registry: Registry, scheduler: Scheduler, supervisor: Supervisor,
         workers.append({
             "id": worker.id, "pid": worker.pid, "memoryBytes": worker.memory_bytes(),
             "status": worker.status,
-            "device": "cpu" if worker.gpu_id is None else f"cuda:{worker.gpu_id}",
+            "device": worker.device, "deviceMemoryBytes": worker.device_memory,
             "startedAt": worker.started,
         })
     if supervisor.is_failed(mv):

@@ -59,6 +59,10 @@ METRICS = MAGIC + b"Q"
 KINDS = frozenset({PREDICT, MANAGE, CANCEL, REPLY, CHUNK, BATCH, STOP, READY, FAILED, DONE,
                    METRICS})
 
+# A worker's METRICS sample of the device memory it holds (the controller keeps it on the
+# worker's handle for describe and the dashboard, not as a handler metric)
+DEVICE_MEMORY = "mservd_worker_device_memory_bytes"
+
 API_INFERENCE = "inference"
 API_MANAGEMENT = "management"
 

@@ -32,6 +32,7 @@ class Worker:
     spawned_at: float = field(default_factory=time.monotonic)
     state: WorkerState = WorkerState.STARTING
     stop_requested: bool = False
+    device_memory: int | None = None  # bytes its PyTorch allocator holds on its GPU, as reported
     mv: Any = None  # the ModelVersion served; set by spawn_worker
 
     @property
@@ -54,6 +55,19 @@ class Worker:
         if self.is_serving:
             return "READY"
         return "STOPPING" if self.stop_requested else self.state.value
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.gpu_id is None else f"cuda:{self.gpu_id}"
+
+    def gpu_usage(self) -> str:
+        """TorchServe's describe field: ``gpuId::N memory.used [MiB]::M`` (the memory its
+        PyTorch allocator holds, once the worker has reported it), or N/A on the CPU."""
+        if self.gpu_id is None:
+            return "N/A"
+        if self.device_memory is None:
+            return f"gpuId::{self.gpu_id}"
+        return f"gpuId::{self.gpu_id} memory.used [MiB]::{self.device_memory / 2**20:.0f}"
 
     def memory_bytes(self) -> int:
         """Its resident memory now (0 before it is forked or after it is gone)."""

@@ -146,7 +146,7 @@ function drawModel(m, before, seconds) {
   const errors = Object.entries(m.answers).filter(([code]) => Number(code) >= 400)
     .map(([code, n]) => `${esc(code)}: ${fmt(n, 0)}`).join(", ") || "none";
   const workers = m.workers.map((w) => `<tr><td>${esc(w.id)}</td><td>${esc(w.pid ?? "–")}</td>` +
-    `<td>${esc(w.status)}</td><td>${mib(w.memoryBytes)}</td><td>${esc(w.device)}</td></tr>`).join("");
+    `<td>${esc(w.status)}</td><td>${mib(w.memoryBytes)}</td><td>${esc(w.device)}${w.deviceMemoryBytes == null ? "" : " · " + mib(w.deviceMemoryBytes)}</td></tr>`).join("");
   let html = `<div class="grid">` +
     `<div class="panel"><h3>Traffic</h3>` +
     stat("requests/s", fmt(rps, 1)) +
