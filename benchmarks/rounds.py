@@ -16,9 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from benchmarks.systems import REPO
 
 RESULTS = REPO / "benchmarks" / "results"
+FOREIGN_LIMIT = 0.25  # cores other processes may use during a run before it is invalid
 
 
 def arguments(description: str, rounds: int = 5, seconds: float = 5.0) -> argparse.ArgumentParser:
@@ -46,3 +49,33 @@ def save(out: Path, stem: str, document: Any) -> Path:
     path = out / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(document, indent=1))
     return path
+
+
+class ForeignCpu:
+    """The CPU other processes (not this benchmark, not the system measured) use during a run:
+    a run during which they took more than FOREIGN_LIMIT cores is marked invalid."""
+
+    def __init__(self) -> None:
+        self.load1 = load1()
+        self.started = time.monotonic()
+        self.before = self.times()
+
+    @staticmethod
+    def times() -> dict[int, float]:
+        out = {}
+        for proc in psutil.process_iter():
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            out[proc.pid] = t.user + t.system
+        return out
+
+    def report(self, ours: set[int]) -> dict[str, Any]:
+        """``load1_before``, ``foreign_cores`` during the run, and whether the run is ``valid``."""
+        wall = time.monotonic() - self.started
+        used = sum(t - self.before.get(pid, 0.0) for pid, t in self.times().items()
+                   if pid not in ours)
+        cores = used / wall if wall > 0 else 0.0
+        return {"load1_before": round(self.load1, 2), "foreign_cores": round(cores, 3),
+                "valid": cores <= FOREIGN_LIMIT}

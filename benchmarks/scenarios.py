@@ -16,6 +16,7 @@ ceiling (:func:`client_ceiling`) are measured once per run.
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from typing import Any, Self
 
 from benchmarks import loadgen
 from benchmarks.loadgen import Workload
+from benchmarks.rounds import ForeignCpu
 from benchmarks.systems import REPO, System
 from benchmarks.workloads import ModelWork
 
@@ -181,6 +183,7 @@ def _cpu_breakdown(before: dict[int, tuple[str, float]], after: dict[int, tuple[
 def run_system(system: System, works: dict[str, ModelWork], plan: Plan, log) -> dict[str, Any]:
     """All scenarios of one system with both models; the system is stopped at the end."""
     out: dict[str, Any] = {"system": system.name}
+    foreign = ForeignCpu()
     try:
         ready = system.start(list(works))
         out["ready_seconds"] = round(ready, 2)
@@ -198,7 +201,11 @@ def run_system(system: System, works: dict[str, ModelWork], plan: Plan, log) -> 
         out["error"] = f"{type(exc).__name__}: {exc}"[:4000]
         log(f"  ! {system.name} failed: {out['error'][:2000]}")
     finally:
+        out["machine"] = foreign.report({os.getpid(), *system.pids()})
         system.stop()
+    log(f"  {system.name}: load average before {out['machine']['load1_before']}, other "
+        f"processes used {out['machine']['foreign_cores']} cores during the run"
+        + ("" if out["machine"]["valid"] else " -> INVALID (a busy machine)"))
     return out
 
 

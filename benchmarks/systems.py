@@ -142,6 +142,10 @@ class System:
             self._known.setdefault(p.pid, p)
         return procs
 
+    def pids(self) -> set[int]:
+        """Every process of the system seen so far (before it is stopped)."""
+        return {*self._known, *(p.pid for p in self.processes())}
+
     def memory(self) -> dict[str, Any]:
         """RSS and PSS summed over the process tree, in MiB, with one entry per process."""
         per = []
@@ -287,34 +291,61 @@ class NaiveFlask(System):
         return "flask worker"
 
 
+TS_VENV = REPO / ".venv-torchserve"  # TorchServe's own environment (make bench makes it)
+
+
 def torchserve_available() -> str | None:
-    """None when TorchServe 0.12 and Java can run here, else why not."""
-    # asked in a fresh interpreter: in this one the in-process limit may have installed mservd's
-    # ts.* aliases, which hide the real TorchServe package
-    probe = subprocess.run([sys.executable, "-c", "import ts.model_server"],
-                           capture_output=True, timeout=120, check=False)
+    """None when TorchServe 0.12 can run in its own environment, as its users run it, with
+    Java; else why not."""
+    python = TS_VENV / "bin" / "python"
+    if not (TS_VENV / "bin" / "torchserve").exists():
+        return (f"TorchServe's own environment {TS_VENV} is missing: make bench makes it "
+                "(python -m venv, then torch, torchvision, torchserve==0.12.0 and captum)")
+    probe = subprocess.run([str(python), "-c", "import ts.model_server"], capture_output=True,
+                           timeout=120, check=False)
     if probe.returncode != 0:
-        return "torchserve is not installed (pip install torchserve==0.12.0)"
+        return f"torchserve does not import in {TS_VENV}: {probe.stderr[-300:]!r}"
+    leak = subprocess.run([str(python), "-c", "import mservd"], capture_output=True,
+                          timeout=60, check=False, env=_ts_env_base(), cwd="/")  # as it runs:
+    # from its own folder, never this checkout
+    if leak.returncode == 0:
+        return f"mservd is importable in {TS_VENV}: TorchServe must run without it"
     if shutil.which("java") is None:
         return "no java on PATH (TorchServe's frontend is a JVM)"
     return None
+
+
+def torchserve_version() -> str | None:
+    python = TS_VENV / "bin" / "python"
+    if not python.exists():
+        return None
+    out = subprocess.run([str(python), "-c", "import importlib.metadata as m; "
+                          "print(m.version('torchserve'))"], capture_output=True, text=True,
+                         timeout=60, check=False)
+    return out.stdout.strip() or None
+
+
+def _ts_env_base() -> dict[str, str]:
+    """This environment without anything that would put mservd on TorchServe's path."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env["PATH"] = f"{TS_VENV / 'bin'}:{env.get('PATH', '')}"
+    return env
 
 
 class TorchServe(System):
     name = "torchserve"
 
     def _exe(self) -> list[str]:
-        # TorchServe's own entry point, by module: mservd installs a `torchserve` script of its
-        # own (the drop-in), which must not be what this column measures.
-        launcher = "import sys; from ts.model_server import start; sys.argv[0] = 'torchserve'; start()"
-        return [sys.executable, "-c", launcher]
+        # its own `torchserve` script, in its own environment (where mservd is not installed:
+        # mservd's drop-in `torchserve` must never be what this column measures)
+        return [str(TS_VENV / "bin" / "torchserve")]
 
     def _env(self) -> dict[str, str]:
         tmp = self.workdir / "tmp"
         tmp.mkdir(exist_ok=True)
-        return {**os.environ, "TMPDIR": str(tmp), "LOG_LOCATION": str(self.workdir / "logs"),
+        return {**_ts_env_base(), "TMPDIR": str(tmp), "LOG_LOCATION": str(self.workdir / "logs"),
                 "METRICS_LOCATION": str(self.workdir / "logs"),
-                "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
                 "TS_DISABLE_SYSTEM_METRICS": "true"}
 
     def command(self, models: list[str]) -> tuple[list[str], dict[str, str]]:
