@@ -15,14 +15,30 @@ def test_a_lone_busy_worker_takes_every_core_and_two_share_them(monkeypatch) -> 
     before = torch.get_num_threads()
     first, second = cores.Threads(4), cores.Threads(4)
     try:
+        first.cost = second.cost = 0.1  # a model whose batches take 100 ms of CPU
         with first.batch():
             assert first.now == 4  # alone
             with second.batch():
                 assert second.now == 2  # two busy: half each
             assert cores._busy.value == 1
+        second.cost = 0.1
         with second.batch():
             assert second.now == 4  # alone again
         assert cores._busy.value == 0
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_batches_too_small_to_share_run_on_one_thread(monkeypatch) -> None:
+    monkeypatch.setattr(cores, "_busy", None)
+    cores.share()
+    before = torch.get_num_threads()
+    small = cores.Threads(4)
+    try:
+        with small.batch():
+            pass  # microseconds of work: not worth waking helper threads for
+        with small.batch():
+            assert small.now == 1
     finally:
         torch.set_num_threads(before)
 
