@@ -300,7 +300,7 @@ def torchserve_available() -> str | None:
     python = TS_VENV / "bin" / "python"
     if not (TS_VENV / "bin" / "torchserve").exists():
         return (f"TorchServe's own environment {TS_VENV} is missing: make bench makes it "
-                "(python -m venv, then torch, torchvision, torchserve==0.12.0 and captum)")
+                "(python -m venv, then torch, torchvision, torchserve==0.12.0, captum, pyyaml)")
     probe = subprocess.run([str(python), "-c", "import ts.model_server"], capture_output=True,
                            timeout=120, check=False)
     if probe.returncode != 0:
