@@ -6,11 +6,14 @@ those running a batch right now — an integer in anonymous shared memory that t
 before its first fork, so every worker it forks holds the same one — and before each batch a
 CPU worker takes ``cores // busy`` torch threads (at least one).
 
-Only when its batches are worth it: a batch that takes less than PARALLEL_WORTH of CPU runs on
-one thread, since waking helper threads for it costs more than they save, and idle OpenMP
-helpers spin on the cores the frontends and the controller need (measured: tiny, 0.3 ms a
-batch, served at half the rate with two threads a worker). A worker started without the zygote
-has no count and keeps the threads its spec gives it.
+Only when its batches are worth it: a worker runs its first CALIBRATION batches on one thread,
+and shares the cores afterwards only if even the quickest of them took PARALLEL_WORTH or more;
+for quicker batches waking helper threads costs more than they save, and idle OpenMP helpers
+spin on the cores the frontends and the controller need (measured: tiny, 0.3 ms a batch, served
+at half the rate with two threads a worker). The quickest single-threaded batch decides, not a
+running average: a slow batch under contention must not tip a model into more threads and so
+into more contention. A worker started without the zygote has no count and keeps the threads
+its spec gives it.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ def share() -> None:
         _busy = multiprocessing.get_context("fork").Value("i", 0)
 
 
-PARALLEL_WORTH = 0.005  # CPU seconds a batch must take before it gets more than one thread
-SMOOTHING = 0.2  # weight of the newest batch in the worker's recent batch cost
+PARALLEL_WORTH = 0.005  # seconds the quickest single-threaded batch must take to share cores
+CALIBRATION = 8  # batches run on one thread to measure that
 
 
 class Threads:
@@ -41,7 +44,9 @@ class Threads:
     def __init__(self, cores: int | None) -> None:
         self.cores = cores  # None: on a GPU, or told nothing: torch's own choice stands
         self.now: int | None = None
-        self.cost: float | None = None  # recent CPU seconds of a batch (wall x threads)
+        self.quickest = float("inf")  # the quickest of the calibration batches, in seconds
+        self.calibrated = 0
+        self.parallel = False  # its batches are worth more than one thread
 
     def set(self, threads: int) -> None:
         if threads != self.now:
@@ -56,20 +61,27 @@ class Threads:
         if self.cores is None:
             yield
             return
-        if _busy is None:
-            self.set(self.cores)
+        if self.calibrated < CALIBRATION:
+            yield from self._calibrate()
+            return
+        if _busy is None or not self.parallel:
+            self.set(self.cores if _busy is None and self.parallel else 1)
             yield
             return
         with _busy.get_lock():
             _busy.value += 1
             busy = _busy.value
-        share = max(1, self.cores // busy)
-        self.set(share if self.cost is None or self.cost >= PARALLEL_WORTH else 1)
-        started = time.perf_counter()
         try:
+            self.set(max(1, self.cores // busy))
             yield
         finally:
             with _busy.get_lock():
                 _busy.value -= 1
-            cost = (time.perf_counter() - started) * (self.now or 1)
-            self.cost = cost if self.cost is None else self.cost + SMOOTHING * (cost - self.cost)
+
+    def _calibrate(self) -> Iterator[None]:
+        self.set(1)
+        started = time.perf_counter()
+        yield
+        self.quickest = min(self.quickest, time.perf_counter() - started)
+        self.calibrated += 1
+        self.parallel = self.calibrated >= CALIBRATION and self.quickest >= PARALLEL_WORTH

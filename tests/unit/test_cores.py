@@ -15,13 +15,13 @@ def test_a_lone_busy_worker_takes_every_core_and_two_share_them(monkeypatch) -> 
     before = torch.get_num_threads()
     first, second = cores.Threads(4), cores.Threads(4)
     try:
-        first.cost = second.cost = 0.1  # a model whose batches take 100 ms of CPU
+        for worker in (first, second):  # a model whose batches take 100 ms
+            worker.calibrated, worker.parallel = cores.CALIBRATION, True
         with first.batch():
             assert first.now == 4  # alone
             with second.batch():
                 assert second.now == 2  # two busy: half each
             assert cores._busy.value == 1
-        second.cost = 0.1
         with second.batch():
             assert second.now == 4  # alone again
         assert cores._busy.value == 0
@@ -35,10 +35,29 @@ def test_batches_too_small_to_share_run_on_one_thread(monkeypatch) -> None:
     before = torch.get_num_threads()
     small = cores.Threads(4)
     try:
+        for _ in range(cores.CALIBRATION):
+            with small.batch():
+                assert small.now == 1  # calibrating: one thread
+        assert not small.parallel  # microseconds of work: not worth waking helper threads
         with small.batch():
-            pass  # microseconds of work: not worth waking helper threads for
-        with small.batch():
-            assert small.now == 1
+            assert small.now == 1 and cores._busy.value == 0  # not even counted busy
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_batches_worth_it_share_the_cores_after_calibration(monkeypatch) -> None:
+    monkeypatch.setattr(cores, "_busy", None)
+    monkeypatch.setattr(cores, "PARALLEL_WORTH", 0.0)
+    cores.share()
+    before = torch.get_num_threads()
+    big = cores.Threads(4)
+    try:
+        for _ in range(cores.CALIBRATION):
+            with big.batch():
+                pass
+        assert big.parallel
+        with big.batch():
+            assert big.now == 4
     finally:
         torch.set_num_threads(before)
 
