@@ -183,16 +183,11 @@ class Scheduler:
 
     def queue_timeout(self, mv: ModelVersion, route: protocol.Route) -> float:
         """Seconds a request may wait for a worker: its own ask, the default, the model's."""
-        limit = float(mv.settings.response_timeout)
-        if self.settings.default_request_timeout_ms:
-            limit = min(limit, self.settings.default_request_timeout_ms / 1000.0)
-        if route.timeout_ms is not None and route.timeout_ms >= 0:
-            limit = min(limit, route.timeout_ms / 1000.0)
-        return limit
+        return min(float(mv.settings.response_timeout), self.request_timeout(route))
 
     def request_timeout(self, route: protocol.Route) -> float:
-        """Seconds a whole generation may take, the client's ask or the default; unbounded
-        (inf) without either: response_timeout bounds each step, not a generation."""
+        """Seconds the client gives a request, its own ask or the default; unbounded (inf)
+        without either. It bounds a whole generation: response_timeout bounds each step."""
         limit = float("inf")
         if self.settings.default_request_timeout_ms:
             limit = self.settings.default_request_timeout_ms / 1000.0
