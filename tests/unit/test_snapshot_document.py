@@ -1,0 +1,32 @@
+"""A snapshot turns back into the register calls that made the registry, auto batching too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mservd import snapshot
+from mservd.config import Settings, resolve_model_settings
+from mservd.registry import ModelVersion, Registry
+
+
+def version(name: str, yaml: dict) -> ModelVersion:
+    settings = resolve_model_settings(Settings(), name, "1.0", model_yaml=yaml)
+    return ModelVersion(name=name, version="1.0", url=f"{name}.mar", model_dir=Path("/nowhere"),
+                        manifest={"model": {"handler": "h.py"}}, settings=settings,
+                        model_yaml=yaml)
+
+
+def test_a_snapshot_restores_set_and_auto_batch_sizes_and_says_continuous_batching() -> None:
+    registry = Registry()
+    registry.add(version("fixed", {"batchSize": 4}))
+    registry.add(version("auto", {"batchSize": "auto", "maxLatencyMs": 80}))
+    registry.add(version("llm", {"batchSize": 16, "continuousBatching": True}))
+    document = snapshot.capture(registry)
+    assert document["models"]["llm"]["versions"]["1.0"]["continuousBatching"] is True
+    registrations, defaults = snapshot._parse(document)
+    sizes = {r["model_name"]: r["batch_size"] for r in registrations}
+    assert sizes == {"fixed": 4, "auto": "auto", "llm": 16}
+    restored = resolve_model_settings(Settings(), "auto", "1.0",
+                                      api={"batch_size": sizes["auto"]})
+    assert restored.auto_batch and restored.batch_size == 8
+    assert defaults == {"fixed": "1.0", "auto": "1.0", "llm": "1.0"}
