@@ -238,7 +238,8 @@ class Management:
             doc["model"]["modelName"] = name
             mv = ModelVersion(name=name, version=version, url=str(url), model_dir=model_dir,
                               manifest=doc, settings=settings, model_yaml=model_yaml,
-                              loaded_at_startup=startup, owns_model_dir=owned)
+                              loaded_at_startup=startup, owns_model_dir=owned,
+                              handler_override=args.get("handler") or None)
             ctl.registry.add(mv, make_default=settings.default_version)
             ctl.registry_changed()
             log.info("registered %s version %s from %s (%d workers, batch %d)", name, version,

@@ -33,6 +33,7 @@ class ModelVersion:
     model_yaml: dict[str, Any]
     loaded_at_startup: bool = False
     owns_model_dir: bool = True  # an unpacked archive goes with the version; a user's folder stays
+    handler_override: str | None = None  # a handler the register call named over the archive's
     target_workers: int = 0
     max_workers: int = 0
     workers: dict[str, Worker] = field(default_factory=dict)

@@ -35,7 +35,9 @@ def capture(registry: Registry) -> dict[str, Any]:
     for name in registry.names():
         versions = {}
         for mv in registry.versions(name):
-            versions[mv.version] = {"url": mv.url, "handler": mv.handler,
+            # the handler only when the register call named one: otherwise the archive's own
+            # (rebuilt since, it may name another) is what the restore must use
+            versions[mv.version] = {"url": mv.url, "handler": mv.handler_override,
                                     **mv.settings_document()}
         models[name] = {"defaultVersion": registry.default_version(name), "versions": versions}
     return {"created": dt.datetime.now(dt.timezone.utc).isoformat(), "models": models}

@@ -180,7 +180,7 @@ function drawModel(m, before, seconds) {
       stat("first token p50 / p99", `${ms(quantile(first, 0.5))} / ${ms(quantile(first, 0.99))}`) +
       stat("between tokens p50 / p99", `${ms(quantile(tokens, 0.5))} / ${ms(quantile(tokens, 0.99))}`) + `</div>`;
   }
-  html += `<div class="panel"><h3>Workers</h3><table class="workers"><thead><tr><th>id</th><th>pid</th>` +
+  html += `<div class="panel wide"><h3>Workers</h3><table class="workers"><thead><tr><th>id</th><th>pid</th>` +
     `<th>status</th><th>memory</th><th>device</th></tr></thead><tbody>${workers}</tbody></table></div></div>`;
   if (m.loadError) html += `<p class="result bad">${esc(m.loadError)}</p>`;
   $(".body", el).innerHTML = html;

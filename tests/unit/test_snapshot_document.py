@@ -30,3 +30,14 @@ def test_a_snapshot_restores_set_and_auto_batch_sizes_and_says_continuous_batchi
                                       api={"batch_size": sizes["auto"]})
     assert restored.auto_batch and restored.batch_size == 8
     assert defaults == {"fixed": "1.0", "auto": "1.0", "llm": "1.0"}
+
+
+def test_a_snapshot_names_a_handler_only_when_the_register_call_did() -> None:
+    registry = Registry()
+    registry.add(version("own", {}))  # the archive's handler: a rebuilt archive may change it
+    named = version("named", {})
+    named.handler_override = "other.py:handle"
+    registry.add(named)
+    registrations, _ = snapshot._parse(snapshot.capture(registry))
+    handlers = {r["model_name"]: r["handler"] for r in registrations}
+    assert handlers == {"own": None, "named": "other.py:handle"}
