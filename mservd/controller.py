@@ -54,7 +54,9 @@ VERB_KEYS: dict[str, tuple[str, ...]] = {
     "ping": (), "metrics": (), "token": (),  # open; "token" checks the API key itself
     "list": (INFERENCE, MANAGEMENT),  # GET /v1/models (inference) and GET /models
     "v2_model_ready": (INFERENCE,), "v2_model_metadata": (INFERENCE,),
-    "authorize": (INFERENCE,),  # a frontend's check of a prediction's token, before its body
+    # a frontend's check of a token before it reads a body: a prediction's (inference key), or
+    # the dashboard's key form and page (management key)
+    "authorize": (INFERENCE, MANAGEMENT),
 }
 
 

@@ -510,7 +510,8 @@ class Management:
 
     def op_authorize(self, args: dict[str, Any], respond: Respond):
         """Nothing but the key check the controller makes before every verb (VERB_KEYS): a
-        frontend asks it before it reads a stranger's request body."""
+        frontend asks it before it reads a stranger's request body, the dashboard before it
+        serves its page."""
         return Reply(200, {"status": "Authorized"})
 
     def op_ping(self, args: dict[str, Any], respond: Respond):

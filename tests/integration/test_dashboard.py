@@ -34,6 +34,9 @@ def test_the_page_its_stream_and_its_document_need_the_management_key(daemon) ->
     page = requests.get(management(daemon, "/dashboard"), timeout=10)
     assert page.status_code == 401 and page.headers["content-type"].startswith("text/html")
     assert 'name="key"' in page.text and "tiny" not in page.text
+    with_inference_key = requests.get(management(daemon, "/dashboard"), timeout=10, headers={
+        "Authorization": f"Bearer {daemon.key('inference')}"})
+    assert with_inference_key.status_code == 401 and 'name="key"' in with_inference_key.text
     for path in ("/dashboard/events", "/dashboard/overview"):
         refused = requests.get(management(daemon, path), timeout=10)
         assert refused.status_code == 401, path

@@ -119,3 +119,17 @@ def test_a_worker_that_does_not_load_in_time_is_killed_and_the_version_says_why(
     ctl.supervisor.time_out_starting(now=worker.spawned_at + 6)
     assert worker.proc.signals == ["KILL"]
     assert "startup_timeout (5 s)" in mv.load_error
+
+
+def test_the_key_a_verb_needs_is_the_verbs_to_pick() -> None:
+    from mservd import protocol
+    from mservd.auth import INFERENCE, MANAGEMENT
+    from mservd.controller import key_for
+
+    # a prediction's token is checked with the inference key, the dashboard's with management
+    assert key_for("authorize", protocol.API_INFERENCE) == INFERENCE
+    assert key_for("authorize", protocol.API_MANAGEMENT) == MANAGEMENT
+    # claiming the inference API lends a management verb no weaker key
+    assert key_for("unregister", protocol.API_INFERENCE) == MANAGEMENT
+    assert key_for("overview", protocol.API_INFERENCE) == MANAGEMENT
+    assert key_for("metrics", protocol.API_INFERENCE) is None

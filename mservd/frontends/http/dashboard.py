@@ -24,12 +24,17 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
-from archiver import ArchiveError
-from archiver.manifest import validate_model_name, validate_version
 from mservd.errors import BadRequest, ResourceNotFound, Unauthorized
 from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import bearer_token
-from mservd.frontends.http.request import JSON, Answer, HttpRequest, challenged, need_method
+from mservd.frontends.http.request import (
+    JSON,
+    Answer,
+    HttpRequest,
+    challenged,
+    model_and_version,
+    need_method,
+)
 
 COOKIE = "mservd_dashboard"
 EVERY = 1.0  # seconds between two documents of a stream
@@ -63,7 +68,7 @@ class DashboardRoutes:
         token, by_cookie = self.credentials(request)
         if path == "/dashboard":
             need_method(request, "GET")
-            if self.auth and (await self.overview(token)).status == 401:
+            if self.auth and (await self.authorize(token)).status == 401:
                 return login_form(401, "" if token is None else "That key was refused.")
             return Answer(200, page("dashboard.html"), "text/html; charset=utf-8",
                           [("Cache-Control", "no-store")])
@@ -94,6 +99,10 @@ class DashboardRoutes:
                 return value, True
         return None, False
 
+    async def authorize(self, token: str | None):
+        """The controller's check of a management key, and nothing else."""
+        return await self.bridge.manage("authorize", {}, token, TIMEOUT)
+
     async def overview(self, token: str | None):
         return await self.bridge.manage("overview", {}, token, TIMEOUT)
 
@@ -105,7 +114,7 @@ class DashboardRoutes:
                                                                                   "replace"))
         key = (form.get("key") or [""])[0].strip()
         if not key or "\r" in key or "\n" in key or ";" in key or (
-                await self.overview(key)).status != 200:
+                await self.authorize(key)).status != 200:
             return login_form(401, "That key was refused: give the management key.")
         cookie = f"{COOKIE}={key}; Path=/dashboard; HttpOnly; SameSite=Strict"
         return Answer(303, b"", JSON, [("Location", "/dashboard"), ("Set-Cookie", cookie)])
@@ -151,7 +160,7 @@ class DashboardRoutes:
             raise BadRequest("The body must be a JSON object.") from None
         if not isinstance(doc, dict):
             raise BadRequest("The body must be a JSON object.")
-        args = model_args(doc)
+        args = model_and_version(doc.get("model"), doc.get("version"))
         if verb == "scale":
             args["min_worker"] = doc.get("min_worker")
             args["synchronous"] = "false"
@@ -165,18 +174,6 @@ class DashboardRoutes:
         if name not in STATIC:
             raise ResourceNotFound(f"Requested resource is not found: {request.path}.")
         return Answer(200, page(name), STATIC[name], [("Cache-Control", "no-cache")])
-
-
-def model_args(doc: dict[str, Any]) -> dict[str, Any]:
-    """The model and version an action names, checked as the management API checks URLs."""
-    model, version = doc.get("model"), doc.get("version")
-    try:
-        validate_model_name(model)
-        if version is not None:
-            validate_version(version)
-    except ArchiveError as exc:
-        raise BadRequest(str(exc)) from None
-    return {"model": model, "version": version}
 
 
 def page(name: str) -> bytes:

@@ -12,11 +12,9 @@ from typing import Any
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from archiver import ArchiveError
-from archiver.manifest import validate_model_name, validate_version
-from mservd.errors import BadRequest, MservdError, NoWorker, error_body
+from mservd.errors import MservdError, NoWorker, error_body
 from mservd.frontends.bridge import ControllerGone, bearer_token
-from mservd.frontends.http.request import challenged
+from mservd.frontends.http.request import challenged, model_and_version
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +31,7 @@ def create_management_app(bridge: Any, timeout: float, auth: bool) -> Flask:
         return Response(reply.body, status=reply.status, content_type=reply.content_type,
                         headers=challenged(reply.status, list(reply.headers.items())))
 
-    def names(model: str, version: str | None = None) -> dict[str, Any]:
-        try:
-            validate_model_name(model)
-            if version is not None and version != "all":
-                validate_version(version)
-        except ArchiveError as exc:
-            raise BadRequest(str(exc)) from None
-        return {"model": model, "version": version}
+    names = model_and_version
 
     @app.post("/models")
     def register() -> Response:

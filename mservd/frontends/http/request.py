@@ -206,6 +206,21 @@ def as_events(answer: Answer, shape: str) -> Answer:
     return answer
 
 
+def model_and_version(model: Any, version: Any = None) -> dict[str, Any]:
+    """A model name and version from a URL or a body, checked before they travel anywhere
+    (``all`` stands for every version)."""
+    from archiver import ArchiveError
+    from archiver.manifest import validate_model_name, validate_version
+
+    try:
+        validate_model_name(model)
+        if version is not None and version != "all":
+            validate_version(version)
+    except ArchiveError as exc:
+        raise BadRequest(str(exc)) from None
+    return {"model": model, "version": version}
+
+
 def need_method(request: HttpRequest, wanted: str) -> None:
     if request.method != wanted:
         raise MethodNotAllowed(f"Method {request.method} is not allowed on {request.path}; "
