@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import json
 import math
 import random
 import time
@@ -465,8 +466,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int)
     parser.add_argument("--body", help="POST this body")
     parser.add_argument("--content-type", default="application/json")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     args = parser.parse_args(argv)
-    print("event loop:", install_fast_loop())
+    loop = install_fast_loop()
+    if not args.json:
+        print("event loop:", loop)
     if args.body is not None:
         work = Workload.post("cli", args.url, [args.body.encode()], args.content_type,
                              check_status_only)
@@ -476,7 +480,7 @@ def main(argv: list[str] | None = None) -> None:
         result = open_loop(work, args.rate, args.seconds, args.requests, pool=args.concurrency)
     else:
         result = closed_loop(work, args.concurrency, args.seconds, args.requests)
-    print(result.line())
+    print(json.dumps(result.as_dict()) if args.json else result.line())
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ class Controller:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mservd-unpack")
         self.tasks: list[tuple[Future, Callable[[Future], None]]] = []
         self.waiters: list[Waiter] = []
+        self.answers: dict[bytes, list[protocol.Result]] = {}  # per frontend, this turn's
         self.loading: set[tuple[str, str]] = set()
         self.retired: list[ModelVersion] = []
         self.startup_pending = 0
@@ -137,6 +138,7 @@ class Controller:
         zygote = self.supervisor.zygote
         zygote_fd = -1
         while True:
+            self.send_answers()
             if zygote.fileno() != zygote_fd:  # (re)started: its reports wake the loop
                 if zygote_fd >= 0:
                     poller.unregister(zygote_fd)
@@ -195,20 +197,35 @@ class Controller:
         self.cleanup_retired()
 
     def perform(self, actions: list[Action]) -> None:
-        """Carry out what the scheduler decided: the controller's only sends of requests."""
+        """Carry out what the scheduler decided: the controller's only sends of requests.
+        Answers wait in :attr:`answers` for the end of the loop's turn."""
         for action in actions:
             if type(action) is Forward:
-                self.front.send_multipart([action.fid, *protocol.reply(action.result)])
+                self.answer(action.fid, action.result)
             elif type(action) is SendBatch:
                 self.back.send_multipart([action.worker.identity, *protocol.batch(
                     (p.rid, p.explain, p.frames) for p in action.requests)])
             elif type(action) is Refuse:
-                self.front.send_multipart([action.fid, *protocol.reply(
-                    Reply.error(action.error).result(action.rid))])
+                self.answer(action.fid, Reply.error(action.error).result(action.rid))
             elif type(action) is KillWorker:
                 self.supervisor.kill_worker(action.worker, action.reason)
             elif type(action) is CancelRunning:
                 self.back.send_multipart([action.worker.identity, *protocol.cancel(action.rid)])
+
+    def answer(self, fid: bytes, result: protocol.Result) -> None:
+        """Queue a final answer for frontend ``fid``: all its answers of one turn of the loop
+        leave as one REPLY (:meth:`send_answers`)."""
+        waiting = self.answers.get(fid)
+        if waiting is None:
+            self.answers[fid] = [result]
+        else:
+            waiting.append(result)
+
+    def send_answers(self) -> None:
+        if self.answers:
+            answers, self.answers = self.answers, {}
+            for fid, results in answers.items():
+                self.front.send_multipart([fid, *protocol.replies(results)])
 
     # -- frontends ----------------------------------------------------------------
 
@@ -225,14 +242,25 @@ class Controller:
             raise protocol.ProtocolError(f"frontends may not send {kind!r}")
 
     def on_predict(self, fid: bytes, frames: list[bytes], now: float) -> None:
-        route = protocol.parse_route(frames[2])
-        if self.keys is not None:
-            try:
-                self.keys.check(INFERENCE, route.token)
-            except MservdError as exc:
-                self.perform([self.scheduler.refuse(fid, route.rid, exc)])
-                return
-        self.perform(self.scheduler.submit(fid, route, frames[3:], now))
+        """The requests a frontend read in one turn of its loop: each queued (or refused),
+        then each version they went to dispatched once, so they may share a batch."""
+        queued: dict[int, ModelVersion] = {}
+        try:
+            for route, parts in protocol.parse_predictions(frames[2:]):
+                if self.keys is not None:
+                    try:
+                        self.keys.check(INFERENCE, route.token)
+                    except MservdError as exc:
+                        self.perform([self.scheduler.refuse(fid, route.rid, exc)])
+                        continue
+                mv, refused = self.scheduler.enqueue(fid, route, parts, now)
+                if mv is None:
+                    self.perform(refused)
+                else:
+                    queued[id(mv)] = mv
+        finally:
+            for mv in queued.values():
+                self.perform(self.scheduler.dispatch(mv, now))
 
     def on_cancel(self, fid: bytes, rid: bytes) -> None:
         """The client went away: a request still queued is dropped; a running one finishes."""
@@ -244,7 +272,7 @@ class Controller:
 
     def on_manage(self, fid: bytes, call: protocol.ManageCall) -> None:
         def respond(reply: Reply) -> None:
-            self.front.send_multipart([fid, *protocol.reply(reply.result(call.rid))])
+            self.answer(fid, reply.result(call.rid))
 
         try:
             if self.keys is not None:
@@ -273,7 +301,7 @@ class Controller:
             log.warning("message %r from unknown worker %r dropped", kind, identity)
             return
         if kind == protocol.DONE:
-            self.perform(self.scheduler.finished(worker, protocol.parse_done(frames[2:]), now))
+            self.perform(self.scheduler.finished(worker, protocol.parse_results(frames[2:]), now))
             if worker.stop_requested and not self.scheduler.is_busy(worker):
                 self.supervisor.finish_stop(worker)
         elif kind == protocol.CHUNK:  # a streamed part: forward it, the request stays open
@@ -411,6 +439,7 @@ class Controller:
         now = time.monotonic()
         if self.front is not None:
             self.perform(self.scheduler.close("The server stopped."))
+            self.send_answers()
         self.supervisor.terminate_all(grace=5.0)
         self.executor.shutdown(wait=True, cancel_futures=True)
         if self.zctx is not None:

@@ -7,10 +7,10 @@ copies into new objects. The controller reads only the small *route* header of a
 the request id of a result; the *meta* header (codec, input names and types, headers) is opaque
 to it and forwarded as the same bytes::
 
-    frontend -> controller  PREDICT  | MSV1P | route | meta | input 0 | ... | input k |
+    frontend -> controller  PREDICT  | MSV1P | route | meta | input 0 | ... | input k | route | ...
                             MANAGE   | MSV1M | {"id", "op", "args", "token", "api"}  |
                             CANCEL   | MSV1X | rid |   (the client went away: drop it if queued)
-    controller -> frontend  REPLY    | MSV1R | rid | head | body |
+    controller -> frontend  REPLY    | MSV1R | rid | head | body | rid | head | body | ... |
                             CHUNK    | MSV1C | rid | head | body |   (a streamed part)
     controller -> worker    BATCH    | MSV1B | job | meta | inputs... | job | meta | ... |
                             CANCEL   | MSV1X | rid |   (continuous batching: drop it)
@@ -21,12 +21,20 @@ to it and forwarded as the same bytes::
                             CHUNK    | MSV1C | rid | head | body |
                             METRICS  | MSV1Q | [[name, value, unit, kind, {dim: value}], ...] |
 
-    route = [rid, model, version or None, token or None, timeout_ms or None, explain, sent]
+    route = [rid, model, version or None, token or None, timeout_ms or None, explain, sent,
+             inputs]
             (sent: the frontend's time.monotonic() when it sent the request; CLOCK_MONOTONIC
-            is one clock for every process on the host, so the controller sees the transit)
+            is one clock for every process on the host, so the controller sees the transit;
+            inputs: how many payload frames follow the meta, so the controller finds the next
+            request of the message without reading the meta)
     meta  = [codec, [[name, content_type], ...], {header: value}]
     job   = [rid, explain]                   (the route's two fields a worker needs)
     head  = [status, content_type, {header: value}]
+
+Messages are coalesced where a process has several to send at once: a frontend sends every
+request of one event-loop turn as one PREDICT, the controller answers every request that
+finished for a frontend in one REPLY, a worker answers a whole batch in one DONE. A message costs
+each process it passes a wake-up of ZeroMQ's I/O thread and its own, whatever it holds.
 
 ``explain`` travels in the route alone: the controller never batches an explanation with a
 prediction, and the worker shows it to the handler as TorchServe does (an ``explain`` header).
@@ -37,7 +45,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +120,7 @@ class Route:
     timeout_ms: float | None = None  # the client's own queue deadline, if it sent one
     explain: bool = False  # /explanations: never batched with predictions
     sent: float | None = None  # the frontend's time.monotonic() at sending
+    inputs: int = 0  # payload frames after the meta header
 
 
 def prediction(rid: bytes, model: str, version: str | None, token: str | None, codec: str,
@@ -124,15 +133,39 @@ def prediction(rid: bytes, model: str, version: str | None, token: str | None, c
     handler may read (never the token).
     """
     route = packb([rid, model, version, token, timeout_ms, explain,
-                   time.monotonic() if sent is None else sent])
+                   time.monotonic() if sent is None else sent, len(payloads)])
     return [PREDICT, route, packb([codec, list(inputs), headers]), *payloads]
+
+
+def predictions(messages: Iterable[list[bytes]]) -> list[bytes]:
+    """One PREDICT message of several built by :func:`prediction` (a frontend's sends of one
+    event-loop turn)."""
+    frames = [PREDICT]
+    for message in messages:
+        frames += message[1:]
+    return frames
+
+
+def parse_predictions(frames: Sequence[bytes]) -> Iterator[tuple[Route, list[bytes]]]:
+    """The requests of a PREDICT message (without its kind frame), one at a time: each route
+    with the frames the worker needs (meta and payloads), as they came. A malformed one ends
+    the message with a ProtocolError; the requests before it were good."""
+    i, n = 0, len(frames)
+    while i < n:
+        route = parse_route(frames[i])
+        end = i + 2 + route.inputs
+        if end > n:
+            raise ProtocolError(f"request {route.rid!r} announces {route.inputs} inputs, the "
+                                "message has fewer")
+        yield route, list(frames[i + 1 : end])
+        i = end
 
 
 def parse_route(frame: bytes) -> Route:
     fields = unpackb(frame)
-    if not isinstance(fields, list) or len(fields) != 7:
-        raise ProtocolError("route header must be a 7-item array")
-    rid, model, version, token, timeout_ms, explain, sent = fields
+    if not isinstance(fields, list) or len(fields) != 8:
+        raise ProtocolError("route header must be an 8-item array")
+    rid, model, version, token, timeout_ms, explain, sent, inputs = fields
     if not isinstance(rid, bytes) or not isinstance(model, str):
         raise ProtocolError("route header has a bad request id or model name")
     if version is not None and not isinstance(version, str):
@@ -143,7 +176,9 @@ def parse_route(frame: bytes) -> Route:
         raise ProtocolError("route header has a bad timeout")
     if sent is not None and not isinstance(sent, (int, float)):
         raise ProtocolError("route header has a bad send time")
-    return Route(rid, model, version, token, timeout_ms, bool(explain), sent)
+    if type(inputs) is not int or inputs < 0:
+        raise ProtocolError("route header has a bad input count")
+    return Route(rid, model, version, token, timeout_ms, bool(explain), sent, inputs)
 
 
 # -- BATCH: the controller hands a worker requests ------------------------------------------
@@ -239,22 +274,27 @@ class Result:
 
 
 def done(results: Iterable[Result]) -> list[bytes]:
-    frames = [DONE]
+    """A worker's answers to (some of) the requests it runs."""
+    return _results(DONE, results)
+
+
+def replies(results: Iterable[Result]) -> list[bytes]:
+    """The final answers of one or more requests of one frontend, as one REPLY."""
+    return _results(REPLY, results)
+
+
+def _results(kind: bytes, results: Iterable[Result]) -> list[bytes]:
+    frames = [kind]
     for result in results:
         frames += [result.rid, result.head, result.body]
     return frames
 
 
-def parse_done(frames: Sequence[bytes]) -> list[Result]:
-    """The results of a DONE message (without its kind frame)."""
+def parse_results(frames: Sequence[bytes]) -> list[Result]:
+    """The results of a DONE or REPLY message (without its kind frame)."""
     if len(frames) % 3:
-        raise ProtocolError("a DONE message must be rid, head, body triples")
+        raise ProtocolError("a DONE or REPLY message must be rid, head, body triples")
     return [Result(frames[i], frames[i + 1], frames[i + 2]) for i in range(0, len(frames), 3)]
-
-
-def reply(result: Result) -> list[bytes]:
-    """The final answer of a request, to its frontend."""
-    return [REPLY, result.rid, result.head, result.body]
 
 
 def chunk(result: Result) -> list[bytes]:
@@ -263,9 +303,9 @@ def chunk(result: Result) -> list[bytes]:
 
 
 def parse_result(frames: Sequence[bytes]) -> Result:
-    """A REPLY's or CHUNK's result (without its kind frame)."""
+    """One answer's result, ``[rid, head, body]`` (a CHUNK without its kind frame)."""
     if len(frames) != 3:
-        raise ProtocolError("a REPLY or CHUNK must be rid, head, body")
+        raise ProtocolError("a CHUNK must be rid, head, body")
     return Result(frames[0], frames[1], frames[2])
 
 

@@ -179,7 +179,7 @@ def run_batch(archive: Path, inputs: list[Input], clock: PhaseClock) -> Outcome:
             raise click.ClickException(f"handler failed in handle: {exc}") from None
         except Exception as exc:  # noqa: BLE001 -- any failure of user code is the report
             raise HandlerFailed(clock.failed_in or phase, exc) from None
-        results = {r.rid: r for r in protocol.parse_done(done[1:])}
+        results = {r.rid: r for r in protocol.parse_results(done[1:])}
         outputs = [_describe(idx, results[request.rid]) for idx, request in enumerate(requests)]
         return Outcome(manifest.model_name, inputs, outputs, clock.seconds)
 

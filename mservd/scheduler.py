@@ -115,6 +115,14 @@ class Scheduler:
     def submit(self, fid: bytes, route: protocol.Route, frames: list[bytes],
                now: float) -> list[Action]:
         """A new request: refused at once, or queued (and maybe sent straight to a worker)."""
+        mv, refused = self.enqueue(fid, route, frames, now)
+        return refused if mv is None else self.dispatch(mv, now)
+
+    def enqueue(self, fid: bytes, route: protocol.Route, frames: list[bytes],
+                now: float) -> tuple[ModelVersion | None, list[Action]]:
+        """A new request, refused at once or queued: its version, to :meth:`dispatch` once
+        every request that came with it is queued too (they may then share a batch), or
+        (None, its refusal)."""
         mv = None
         try:
             mv = self.registry.get(route.model, route.version)
@@ -136,9 +144,9 @@ class Scheduler:
                     "queued (job_queue_size); retry later.",
                     headers={"Retry-After": "1"})
         except MservdError as exc:
-            return [self.refuse(fid, route.rid, exc, mv, route.model)]
+            return None, [self.refuse(fid, route.rid, exc, mv, route.model)]
         self.metrics.version(mv.key).requests.inc()
-        return self.dispatch(mv, now)
+        return mv, []
 
     def _admit(self, mv: ModelVersion, now: float, arrived: float, deadline: float) -> None:
         """Refuse at once what cannot be answered in time; by default that is only a request

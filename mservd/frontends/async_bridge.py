@@ -1,9 +1,11 @@
 """The asyncio frontends' line to the controller: one DEALER socket, one reader task.
 
 Used by both frontend processes (the HTTP server and the gRPC frontend): every request
-coroutine sends on the one socket, which only the event loop's thread touches, and awaits a future that the reader task
-resolves by request id. A streamed answer's parts arrive on a queue instead. The frontend keeps
-no other state.
+coroutine sends on the one socket, which only the event loop's thread touches, and awaits a
+future that the reader task resolves by request id. A streamed answer's parts arrive on a queue
+instead. The requests of one turn of the event loop leave as one PREDICT message at its end, and
+the controller's REPLY may answer several at once: a message costs a wake-up of each process it
+passes, however many requests it carries. The frontend keeps no other state.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from mservd.protocol import Reply
 log = logging.getLogger(__name__)
 
 
+def _time_out(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 class AsyncBridge:
     """A plain (non-asyncio) ZeroMQ socket driven by the event loop: sends never block (no
     high-water mark), and the socket's file descriptor wakes :meth:`_drain`. ZeroMQ signals
@@ -36,6 +43,7 @@ class AsyncBridge:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[bytes, asyncio.Future | asyncio.Queue] = {}
         self._drain_scheduled = False
+        self._outbox: list[list[bytes]] = []  # this turn's PREDICT messages, sent as one
 
     def _socket(self) -> Any:
         if self._sock is None:
@@ -51,8 +59,25 @@ class AsyncBridge:
         return self._sock
 
     def _send(self, frames: list[bytes]) -> None:
+        """Predictions wait for the end of this turn of the loop (:meth:`_flush`); anything
+        else leaves at once, after them, so a CANCEL never overtakes its request."""
         sock = self._socket()
-        sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        if frames[0] == protocol.PREDICT:
+            if not self._outbox:
+                assert self._loop is not None
+                self._loop.call_soon(self._flush)
+            self._outbox.append(frames)
+            return
+        self._flush()
+        sock.send_multipart(frames, zmq.NOBLOCK)
+        self._check_pending()
+
+    def _flush(self) -> None:
+        if not self._outbox or self._sock is None:
+            return
+        outbox, self._outbox = self._outbox, []
+        message = outbox[0] if len(outbox) == 1 else protocol.predictions(outbox)
+        self._sock.send_multipart(message, zmq.NOBLOCK, copy=False)  # big payloads uncopied
         self._check_pending()
 
     def _check_pending(self) -> None:
@@ -76,23 +101,32 @@ class AsyncBridge:
         self._check_pending()
 
     def _deliver(self, frames: list[bytes]) -> None:
-        if len(frames) >= 4 and frames[0] in (protocol.REPLY, protocol.CHUNK):
-            waiter = self._waiting.get(frames[1])
-            if waiter is None:
-                return  # the client gave up; the answer has nowhere to go
-            if frames[0] == protocol.REPLY:
-                del self._waiting[frames[1]]
-            if type(waiter) is asyncio.Queue:
-                waiter.put_nowait(frames)
-            elif frames[0] == protocol.REPLY:
-                if not waiter.done():
-                    waiter.set_result(frames)
-            else:  # the first part of a streamed answer: the rest follow on a queue
-                parts: asyncio.Queue = asyncio.Queue()
-                parts.put_nowait(frames)
-                self._waiting[frames[1]] = parts
-                if not waiter.done():
-                    waiter.set_result(parts)
+        kind = frames[0] if frames else b""
+        if kind == protocol.REPLY:
+            for i in range(1, len(frames) - 2, 3):  # one answer or several
+                self._deliver_one(kind, frames[i], frames[i + 1 : i + 3])
+        elif kind == protocol.CHUNK and len(frames) == 4:
+            self._deliver_one(kind, frames[1], frames[2:])
+
+    def _deliver_one(self, kind: bytes, rid: bytes, answer: list[bytes]) -> None:
+        """Hand ``[kind, rid, head, body]`` to the coroutine awaiting ``rid``."""
+        waiter = self._waiting.get(rid)
+        if waiter is None:
+            return  # the client gave up; the answer has nowhere to go
+        frames = [kind, rid, *answer]
+        if kind == protocol.REPLY:
+            del self._waiting[rid]
+        if type(waiter) is asyncio.Queue:
+            waiter.put_nowait(frames)
+        elif kind == protocol.REPLY:
+            if not waiter.done():
+                waiter.set_result(frames)
+        else:  # the first part of a streamed answer: the rest follow on a queue
+            parts: asyncio.Queue = asyncio.Queue()
+            parts.put_nowait(frames)
+            self._waiting[rid] = parts
+            if not waiter.done():
+                waiter.set_result(parts)
 
     async def call(self, rid: bytes, frames: list[bytes], timeout: float,
                    stream: bool = False) -> Reply:
@@ -102,12 +136,18 @@ class AsyncBridge:
         an async iterator over the later parts' bodies (final one last); without, only the
         final answer is returned.
         """
-        waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         self._waiting[rid] = waiter
         streaming = False
+        # a timer on the future rather than wait_for, which wraps it in one more task
+        timer = loop.call_later(timeout, _time_out, waiter)
         try:
             self._send(frames)
-            got = await asyncio.wait_for(waiter, timeout)
+            try:
+                got = await waiter
+            finally:
+                timer.cancel()
             if type(got) is asyncio.Queue:
                 first = await self._next_part(got, timeout)
                 if stream:

@@ -198,3 +198,50 @@ def test_frontend_holds_512_concurrent_connections(daemon) -> None:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def test_requests_a_frontend_sends_in_one_message_share_a_batch_and_a_bad_tail_spares_them(
+        daemon) -> None:
+    """The wire as the frontends coalesce it: every request of one event-loop turn in one
+    PREDICT message. The controller queues them all before it dispatches, so an idle worker
+    gets them as one batch, and a malformed request at the end drops only itself."""
+    import json as _json
+
+    import psutil
+    import zmq
+
+    from mservd import protocol
+
+    grpc = next(p for p in psutil.Process(daemon.proc.pid).children()
+                if "mservd.frontends.grpc.server" in " ".join(p.cmdline()))
+    endpoint = _json.loads(grpc.cmdline()[-1])["controller"]
+    token = daemon.key("inference")
+
+    def request(rid: bytes, payloads: list[bytes], inputs: int = 1) -> list[bytes]:
+        return protocol.prediction(rid, "echobatch", None, token, protocol.CODEC_TORCHSERVE,
+                                   [("body", "application/json")] * inputs, {}, payloads)
+
+    good = [request(f"one-message-{i}".encode(), [_json.dumps({"n": i}).encode()])
+            for i in range(3)]
+    bad = request(b"one-message-bad", [b"{}"], inputs=2)  # announces 2 inputs, carries 1
+    bad[1] = protocol.packb([*protocol.unpackb(bad[1])[:7], 2])
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    answers: dict[bytes, protocol.Result] = {}
+    try:
+        sock.send_multipart(protocol.predictions([*good, bad]))
+        while len(answers) < 3:
+            assert sock.poll(30_000), f"only {sorted(answers)} answered"
+            frames = sock.recv_multipart()
+            assert frames[0] == protocol.REPLY
+            answers.update((r.rid, r) for r in protocol.parse_results(frames[1:]))
+    finally:
+        sock.close()
+        ctx.term()
+    assert sorted(answers) == [f"one-message-{i}".encode() for i in range(3)]
+    bodies = [_json.loads(answers[f"one-message-{i}".encode()].body) for i in range(3)]
+    assert [b["echo"]["n"] for b in bodies] == [0, 1, 2]
+    assert {b["batch_size"] for b in bodies} == {3}  # one batch, not three
+    assert daemon.predict("echobatch", json={"still": "here"}).status_code == 200

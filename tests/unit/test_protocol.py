@@ -17,8 +17,34 @@ def test_protocol_prediction_round_trips_its_route_and_forwards_the_rest_untouch
                                      timeout_ms=timeout, sent=12.5)
         assert protocol.kind_of(frames) == protocol.PREDICT
         assert protocol.parse_route(frames[1]) == protocol.Route(b"rid", "m", "1.0", "tok",
-                                                                 timeout, explain, 12.5)
+                                                                 timeout, explain, 12.5, 1)
         assert frames[3:] == [b"x"]
+
+
+def test_protocol_one_predict_message_carries_a_frontends_requests_of_one_loop_turn() -> None:
+    sent = [protocol.prediction(b"r1", "m", None, None, protocol.CODEC_TORCHSERVE,
+                                [("a", "x"), ("b", "y")], {}, [b"A", b"B"]),
+            protocol.prediction(b"r2", "n", "2", None, protocol.CODEC_V2, [], {}, []),
+            protocol.prediction(b"r3", "m", None, None, protocol.CODEC_TORCHSERVE,
+                                [("body", "z")], {}, [b"C"])]
+    message = protocol.predictions(sent)
+    assert protocol.kind_of(message) == protocol.PREDICT
+    got = list(protocol.parse_predictions(message[1:]))
+    assert [(route.rid, route.model, parts) for route, parts in got] == [
+        (b"r1", "m", sent[0][2:]), (b"r2", "n", sent[1][2:]), (b"r3", "m", sent[2][2:])]
+
+
+def test_protocol_predict_message_announcing_more_inputs_than_it_has_is_an_error() -> None:
+    good = protocol.prediction(b"r1", "m", None, None, protocol.CODEC_TORCHSERVE,
+                               [("body", "z")], {}, [b"C"])
+    short = protocol.prediction(b"r2", "m", None, None, protocol.CODEC_TORCHSERVE,
+                                [("a", "x"), ("b", "y")], {}, [b"A", b"B"])[:-1]
+    requests = protocol.parse_predictions(protocol.predictions([good, short])[1:])
+    assert next(requests)[0].rid == b"r1"  # the good one before it is kept
+    with pytest.raises(protocol.ProtocolError, match="announces 2 inputs"):
+        next(requests)
+    with pytest.raises(protocol.ProtocolError, match="input count"):
+        protocol.parse_route(protocol.packb([b"r", "m", None, None, None, False, 1.0, -1]))
 
 
 def test_protocol_route_carries_the_frontends_send_time_on_the_shared_clock() -> None:
@@ -26,7 +52,7 @@ def test_protocol_route_carries_the_frontends_send_time_on_the_shared_clock() ->
     frames = protocol.prediction(b"rid", "m", None, None, protocol.CODEC_TORCHSERVE, [], {}, [])
     assert before <= protocol.parse_route(frames[1]).sent <= time.monotonic()
     with pytest.raises(protocol.ProtocolError, match="send time"):
-        protocol.parse_route(protocol.packb([b"r", "m", None, None, None, False, "soon"]))
+        protocol.parse_route(protocol.packb([b"r", "m", None, None, None, False, "soon", 0]))
 
 
 def test_protocol_batch_carries_each_requests_codec_inputs_headers_and_explain() -> None:
@@ -66,14 +92,16 @@ def test_protocol_results_round_trip_through_done_reply_and_chunk() -> None:
     results = [protocol.Result(b"a", protocol.head(200, "text/plain", {"x": "1"}), b"A"),
                protocol.Result(b"b", protocol.head(404), b"{}")]
     frames = protocol.done(results)
-    assert protocol.parse_done(frames[1:]) == results
-    assert protocol.parse_result(protocol.reply(results[0])[1:]) == results[0]
+    assert protocol.parse_results(frames[1:]) == results
+    grouped = protocol.replies(results)  # one REPLY answers several requests of a frontend
+    assert protocol.kind_of(grouped) == protocol.REPLY
+    assert protocol.parse_results(grouped[1:]) == results
     assert protocol.parse_result(protocol.chunk(results[1])[1:]) == results[1]
     assert protocol.Head.parse(results[0].head) == protocol.Head(200, "text/plain", {"x": "1"})
     reply = protocol.Reply.from_result(results[0])
     assert (reply.status, reply.content_type, reply.body) == (200, "text/plain", b"A")
     with pytest.raises(protocol.ProtocolError):
-        protocol.parse_done([b"a", b"head"])
+        protocol.parse_results([b"a", b"head"])
 
 
 def test_protocol_management_calls_and_worker_reports_round_trip() -> None:
@@ -90,5 +118,5 @@ def test_protocol_management_calls_and_worker_reports_round_trip() -> None:
 def test_protocol_unknown_kind_and_bad_route_are_protocol_errors() -> None:
     with pytest.raises(protocol.ProtocolError, match="unknown message kind"):
         protocol.kind_of([b"HTTP/1.1 GET"])
-    with pytest.raises(protocol.ProtocolError, match="7-item array"):
+    with pytest.raises(protocol.ProtocolError, match="8-item array"):
         protocol.parse_route(protocol.packb(["too", "short"]))

@@ -50,6 +50,15 @@ def test_scheduler_sends_a_lone_request_to_an_idle_worker_at_once() -> None:
     assert s.is_busy(send.worker)
 
 
+def test_scheduler_requests_that_arrive_in_one_message_share_a_batch() -> None:
+    s, mv = setup(batch_size=4, max_batch_delay=100)
+    for rid in (b"a", b"b", b"c"):  # one PREDICT message: each enqueued, then one dispatch
+        queued, refused = s.enqueue(FRONTEND, route(rid, 1.0), [], now=1.0)
+        assert queued is mv and refused == []
+    [send] = s.dispatch(mv, now=1.0)
+    assert isinstance(send, SendBatch) and [p.rid for p in send.requests] == [b"a", b"b", b"c"]
+
+
 def test_scheduler_batches_requests_that_queue_while_the_worker_is_busy() -> None:
     s, mv = setup(batch_size=4, max_batch_delay=100)
     [first] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)

@@ -41,7 +41,7 @@ def answers(done: list[bytes]) -> dict[bytes, tuple[int, object]]:
     """rid -> (status, body): JSON bodies parsed, text ones as str."""
     assert done[0] == protocol.DONE
     out = {}
-    for result in protocol.parse_done(done[1:]):
+    for result in protocol.parse_results(done[1:]):
         head = protocol.Head.parse(result.head)
         body = result.body
         out[result.rid] = (head.status,
