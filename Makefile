@@ -32,7 +32,7 @@ test: samples
 test-gpu: samples
 	$(BIN)/python -m pytest -q tests/gpu -rs
 
-# The benchmark suite (about 7 minutes): mservd, TorchServe (when installed) and a naive Flask
+# The benchmark suite (about 15 minutes, 3 rounds): mservd, TorchServe (when installed), a naive Flask
 # baseline; writes benchmarks/results/ and BENCHMARKS.md. See BENCHMARKS.md for what it needs.
 bench: samples $(TS_VENV)/bin/torchserve
 	$(BIN)/pip install -q -e '.[test,bench]'

@@ -5,9 +5,9 @@ Each turn reads what the controller sent without waiting while sequences run (ne
 and CANCEL for a client that went away), then calls the handler once with every running
 request, TorchServe's way: the handler prefills the new ones and runs one decoding step for
 all (``handlers/causal_lm.py``), keeping its state in ``context.cache`` and saying in
-``context.stopping_criteria`` which requests are finished. A finished request's answer goes
-back at once in a DONE of its own; the others' step outputs go as CHUNKs (when their codec
-streams). A request whose client went away leaves before the next step, so its slot is free.
+``context.stopping_criteria`` which requests are finished. The others' step outputs go back
+together as one CHUNK (when their codec streams), then the finished requests' answers as one
+DONE. A request whose client went away leaves before the next step, so its slot is free.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: i
             running.leave(request.rid, context)
         return
     criteria = context.stopping_criteria
-    finished = []
+    finished, parts = [], []
     for index, ((request, codec, call), output) in enumerate(zip(entries, outputs)):
         if criteria is None or criteria[index](output):
             finished.append(protocol.Result(request.rid,
@@ -128,6 +128,8 @@ def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: i
             continue
         part = codec.encode_part(call, output, context, limit)
         if part is not None:
-            sock.send_multipart(protocol.chunk(protocol.Result(request.rid, *part)))
+            parts.append(protocol.Result(request.rid, *part))
+    if parts:  # the step's parts in one message, before the answers that end their streams
+        sock.send_multipart(protocol.chunks(parts))
     if finished:
         sock.send_multipart(protocol.done(finished))

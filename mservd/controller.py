@@ -96,6 +96,7 @@ class Controller:
         self.tasks: list[tuple[Future, Callable[[Future], None]]] = []
         self.waiters: list[Waiter] = []
         self.answers: dict[bytes, list[protocol.Result]] = {}  # per frontend, this turn's
+        self.parts: dict[bytes, list[protocol.Result]] = {}  # ... and its streamed parts
         self.loading: set[tuple[str, str]] = set()
         self.retired: list[ModelVersion] = []
         self.startup_pending = 0
@@ -215,13 +216,24 @@ class Controller:
     def answer(self, fid: bytes, result: protocol.Result) -> None:
         """Queue a final answer for frontend ``fid``: all its answers of one turn of the loop
         leave as one REPLY (:meth:`send_answers`)."""
-        waiting = self.answers.get(fid)
+        self._queue(self.answers, fid, result)
+
+    @staticmethod
+    def _queue(box: dict[bytes, list[protocol.Result]], fid: bytes,
+               result: protocol.Result) -> None:
+        waiting = box.get(fid)
         if waiting is None:
-            self.answers[fid] = [result]
+            box[fid] = [result]
         else:
             waiting.append(result)
 
     def send_answers(self) -> None:
+        """Each frontend's streamed parts of this turn as one CHUNK, then its answers as one
+        REPLY: a stream's last parts always reach the frontend before its end."""
+        if self.parts:
+            parts, self.parts = self.parts, {}
+            for fid, results in parts.items():
+                self.front.send_multipart([fid, *protocol.chunks(results)])
         if self.answers:
             answers, self.answers = self.answers, {}
             for fid, results in answers.items():
@@ -304,11 +316,11 @@ class Controller:
             self.perform(self.scheduler.finished(worker, protocol.parse_results(frames[2:]), now))
             if worker.stop_requested and not self.scheduler.is_busy(worker):
                 self.supervisor.finish_stop(worker)
-        elif kind == protocol.CHUNK:  # a streamed part: forward it, the request stays open
-            part = protocol.parse_result(frames[2:])
-            fid = self.scheduler.progress(worker, part.rid, now)
-            if fid is not None:
-                self.front.send_multipart([fid, *protocol.chunk(part)])
+        elif kind == protocol.CHUNK:  # streamed parts: forwarded, their requests stay open
+            for part in protocol.parse_results(frames[2:]):
+                fid = self.scheduler.progress(worker, part.rid, now)
+                if fid is not None:
+                    self._queue(self.parts, fid, part)
         elif kind == protocol.READY:
             if self.supervisor.on_ready(worker):
                 worker.mv.load_error = None

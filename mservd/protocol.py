@@ -11,14 +11,14 @@ to it and forwarded as the same bytes::
                             MANAGE   | MSV1M | {"id", "op", "args", "token", "api"}  |
                             CANCEL   | MSV1X | rid |   (the client went away: drop it if queued)
     controller -> frontend  REPLY    | MSV1R | rid | head | body | rid | head | body | ... |
-                            CHUNK    | MSV1C | rid | head | body |   (a streamed part)
+                            CHUNK    | MSV1C | rid | head | body | rid | ... |   (streamed parts)
     controller -> worker    BATCH    | MSV1B | job | meta | inputs... | job | meta | ... |
                             CANCEL   | MSV1X | rid |   (continuous batching: drop it)
                             STOP     | MSV1S |
     worker -> controller    READY    | MSV1H | {"pid"} |
                             FAILED   | MSV1F | {"message", "traceback"} |
                             DONE     | MSV1D | rid | head | body | rid | head | body | ... |
-                            CHUNK    | MSV1C | rid | head | body |
+                            CHUNK    | MSV1C | rid | head | body | rid | ... |
                             METRICS  | MSV1Q | [[name, value, unit, kind, {dim: value}], ...] |
 
     route = [rid, model, version or None, token or None, timeout_ms or None, explain, sent,
@@ -33,7 +33,8 @@ to it and forwarded as the same bytes::
 
 Messages are coalesced where a process has several to send at once: a frontend sends every
 request of one event-loop turn as one PREDICT, the controller answers every request that
-finished for a frontend in one REPLY, a worker answers a whole batch in one DONE. A message costs
+finished for a frontend in one REPLY (and sends its streamed parts in one CHUNK), a worker
+answers a whole batch in one DONE and sends the parts of one generation step in one CHUNK. A message costs
 each process it passes a wake-up of ZeroMQ's I/O thread and its own, whatever it holds.
 
 ``explain`` travels in the route alone: the controller never batches an explanation with a
@@ -283,6 +284,12 @@ def replies(results: Iterable[Result]) -> list[bytes]:
     return _results(REPLY, results)
 
 
+def chunks(parts: Iterable[Result]) -> list[bytes]:
+    """Streamed parts of one or more requests, as one CHUNK; each request stays open until its
+    final answer."""
+    return _results(CHUNK, parts)
+
+
 def _results(kind: bytes, results: Iterable[Result]) -> list[bytes]:
     frames = [kind]
     for result in results:
@@ -291,21 +298,16 @@ def _results(kind: bytes, results: Iterable[Result]) -> list[bytes]:
 
 
 def parse_results(frames: Sequence[bytes]) -> list[Result]:
-    """The results of a DONE or REPLY message (without its kind frame)."""
+    """The results of a DONE, REPLY or CHUNK message (without its kind frame)."""
     if len(frames) % 3:
-        raise ProtocolError("a DONE or REPLY message must be rid, head, body triples")
+        raise ProtocolError("a DONE, REPLY or CHUNK message must be rid, head, body triples")
     return [Result(frames[i], frames[i + 1], frames[i + 2]) for i in range(0, len(frames), 3)]
 
 
-def chunk(result: Result) -> list[bytes]:
-    """A streamed part of an answer; the request stays open until its REPLY."""
-    return [CHUNK, result.rid, result.head, result.body]
-
-
 def parse_result(frames: Sequence[bytes]) -> Result:
-    """One answer's result, ``[rid, head, body]`` (a CHUNK without its kind frame)."""
+    """One answer, ``[rid, head, body]``, as a frontend's bridge hands it on."""
     if len(frames) != 3:
-        raise ProtocolError("a CHUNK must be rid, head, body")
+        raise ProtocolError("an answer must be rid, head, body")
     return Result(frames[0], frames[1], frames[2])
 
 

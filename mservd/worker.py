@@ -198,7 +198,7 @@ def attach_stream(context, sock, max_response_size: int) -> None:
         part = codec.encode_part(Call(call.rows, idx, call.state), item, context,
                                  max_response_size)
         if part is not None:
-            sock.send_multipart(protocol.chunk(protocol.Result(rid, *part)))
+            sock.send_multipart(protocol.chunks([protocol.Result(rid, *part)]))
 
     context.stream_callback = send_chunk
 

@@ -102,11 +102,9 @@ class AsyncBridge:
 
     def _deliver(self, frames: list[bytes]) -> None:
         kind = frames[0] if frames else b""
-        if kind == protocol.REPLY:
-            for i in range(1, len(frames) - 2, 3):  # one answer or several
+        if kind in (protocol.REPLY, protocol.CHUNK):
+            for i in range(1, len(frames) - 2, 3):  # one answer or part, or several
                 self._deliver_one(kind, frames[i], frames[i + 1 : i + 3])
-        elif kind == protocol.CHUNK and len(frames) == 4:
-            self._deliver_one(kind, frames[1], frames[2:])
 
     def _deliver_one(self, kind: bytes, rid: bytes, answer: list[bytes]) -> None:
         """Hand ``[kind, rid, head, body]`` to the coroutine awaiting ``rid``."""

@@ -96,7 +96,9 @@ def test_protocol_results_round_trip_through_done_reply_and_chunk() -> None:
     grouped = protocol.replies(results)  # one REPLY answers several requests of a frontend
     assert protocol.kind_of(grouped) == protocol.REPLY
     assert protocol.parse_results(grouped[1:]) == results
-    assert protocol.parse_result(protocol.chunk(results[1])[1:]) == results[1]
+    parts = protocol.chunks(results)  # one CHUNK carries a generation step's parts
+    assert protocol.kind_of(parts) == protocol.CHUNK
+    assert protocol.parse_results(parts[1:]) == results
     assert protocol.Head.parse(results[0].head) == protocol.Head(200, "text/plain", {"x": "1"})
     reply = protocol.Reply.from_result(results[0])
     assert (reply.status, reply.content_type, reply.body) == (200, "text/plain", b"A")
