@@ -1,14 +1,15 @@
 """CPU per request in each mservd process on the hot path (tiny, 2 workers, batch 8).
 
     .venv/bin/python -m benchmarks.cpu_per_request [--rounds 3] [--seconds 6] [--tree DIR ...]
+        [--models tiny,resnet18] [--concurrency 64]
 
 For each tree (a checkout of mservd; default: this one) in alternating rounds, starts mservd
-with ``tiny`` only, drives a closed loop at concurrency 64 and then 1 from a separate
-load-generator process, and divides the CPU seconds each process used (user + system, from
-/proc) by the right answers it took part in. Reports per tree and role the median over the
-rounds (with the range), the throughput and the p50; with two trees, the second's figures as a
-ratio of the first's. Issue 18 asks that the per-request cost of each hop nearly vanish: this is
-the before/after table.
+serving ``--models`` (default ``tiny``, the one measured), drives a closed loop on tiny at
+concurrency 64 and then 1 from a separate load-generator process, and divides the CPU seconds
+each process used (user + system, from /proc) by the right answers it took part in. Reports
+per tree, concurrency and role the median over the rounds with the range, the throughput and
+the p50. Issue 18 asks that the per-request cost of each hop nearly vanish: this is the
+before/after table (``--tree OLD_CHECKOUT --tree .``).
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from benchmarks.workloads import tiny_bodies
 ROLES = ("http frontend", "controller", "worker tiny")
 
 
-def measure(tree: Path, concurrency: int, seconds: float) -> dict[str, Any]:
+def measure(tree: Path, concurrency: int, seconds: float,
+            models: list[str]) -> dict[str, Any]:
     """One run of one tree: CPU µs per right answer per role, req/s and p50."""
     os.environ["PYTHONPATH"] = str(tree)  # the daemon's children import mservd from the tree
     system = Mservd((REPO / "model_store").resolve(), 2, 8, 5)
     try:
-        system.start(["tiny"])
+        system.start(models)  # tiny is measured; the others are served, idle
         url = f"{system.inference_url}/predictions/tiny"
         body = tiny_bodies()[0].decode()
         loadgen = [sys.executable, "-m", "benchmarks.loadgen", url, "--body", body, "--json"]
@@ -79,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--concurrency", type=int, action="append",
                         help="closed-loop concurrency (repeatable; default 64 and 1)")
+    parser.add_argument("--models", default="tiny",
+                        help="models served (tiny is the one measured), e.g. tiny,resnet18")
     args = parser.parse_args(argv)
     trees = [t.resolve() for t in (args.tree or [REPO])]
     levels = args.concurrency or [64, 1]
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         for tree in order:
             for c in levels:
                 load = os.getloadavg()[0]
-                got = measure(tree, c, args.seconds)
+                got = measure(tree, c, args.seconds, args.models.split(","))
                 got["load_before"] = load
                 runs.setdefault((str(tree), c), []).append(got)
                 print(f"round {rnd + 1} {tree.name} c={c}: {got['rps']:.0f} req/s, p50 "
