@@ -9,7 +9,8 @@ carries them out; the supervisor runs workers' lives. Nothing blocks: archive un
 a helper thread whose result the loop picks up, and replies that must wait (a synchronous
 register or scale) are kept as ``Waiter``s and answered when they can be.
 
-Per request the controller reads only the route header and forwards payload frames as they are.
+Per request the controller reads only the route header and forwards payload frames as they are;
+the answers of one turn leave at its end, one message per frontend (:meth:`send_answers`).
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ class Controller:
             if not self.stopping and should_stop():
                 self.begin_stop(now)
             if self.stopping and self._drained(now, frontend_alive()):
+                self.send_answers()  # this turn's, to frontends still there
                 break
 
     def _drain(self, sock: zmq.Socket, handle: Callable[[list[bytes], float], None]) -> None:

@@ -34,8 +34,9 @@ to it and forwarded as the same bytes::
 Messages are coalesced where a process has several to send at once: a frontend sends every
 request of one event-loop turn as one PREDICT, the controller answers every request that
 finished for a frontend in one REPLY (and sends its streamed parts in one CHUNK), a worker
-answers a whole batch in one DONE and sends the parts of one generation step in one CHUNK. A message costs
-each process it passes a wake-up of ZeroMQ's I/O thread and its own, whatever it holds.
+answers a whole batch in one DONE and sends the parts of one generation step in one CHUNK. A
+message costs each process it passes a wake-up of ZeroMQ's I/O thread and its own, whatever
+it holds.
 
 ``explain`` travels in the route alone: the controller never batches an explanation with a
 prediction, and the worker shows it to the handler as TorchServe does (an ``explain`` header).
