@@ -52,7 +52,7 @@ def measure(tree: Path, concurrency: int, seconds: float,
         stdout, _ = client.communicate()
         after = system.cpu_times()
         ours |= {p.pid for p in system.processes()} | {os.getpid(), client.pid}
-        other = foreign.report(ours)["foreign_cores"]
+        machine = foreign.report(ours)
     finally:
         system.stop()
         system.cleanup()
@@ -63,7 +63,8 @@ def measure(tree: Path, concurrency: int, seconds: float,
         spent = used - before.get(pid, (role, used))[1]
         cpu[role] = cpu.get(role, 0.0) + spent
     return {"rps": result["throughput"], "p50_ms": result["p50_ms"], "completed": done,
-            "other_cores": other, "us_per_request": {r: 1e6 * cpu.get(r, 0.0) / done
+            "other_cores": machine["foreign_cores"], "valid": machine["valid"],
+            "us_per_request": {r: 1e6 * cpu.get(r, 0.0) / done
                                                      for r in sorted(cpu)}}
 
 
@@ -104,13 +105,17 @@ def main(argv: list[str] | None = None) -> int:
           + " | all µs/req | req/s | p50 ms |")
     print("|---|---|" + "---|" * (len(ROLES) + 3))
     for (tree, c), got in runs.items():
-        valid = [g for g in got if g["other_cores"] <= 0.25] or got
+        valid = [g for g in got if g["valid"]]
+        if not valid:
+            print(f"| {Path(tree).name} | {c} | no valid run: other processes were busy |")
+            continue
         cells = [median_range([g["us_per_request"].get(r, 0.0) for g in valid]) for r in ROLES]
         total = median_range([sum(g["us_per_request"].values()) for g in valid])
         print(f"| {Path(tree).name} | {c} | " + " | ".join(cells) + f" | {total} | "
               f"{median_range([g['rps'] for g in valid])} | "
               f"{statistics.median(g['p50_ms'] for g in valid):.2f} |")
     out = REPO / "benchmarks" / "results" / f"cpu-per-request-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({f"{t}|{c}": g for (t, c), g in runs.items()}, indent=1))
     print(f"\nraw runs: {out.relative_to(REPO)}")
     return 0
