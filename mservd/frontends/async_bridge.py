@@ -141,8 +141,8 @@ class AsyncBridge:
         # a timer on the future rather than wait_for, which wraps it in one more task
         timer = loop.call_later(timeout, _time_out, waiter)
         try:
-            self._send(frames)
             try:
+                self._send(frames)
                 got = await waiter
             finally:
                 timer.cancel()
