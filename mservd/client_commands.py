@@ -320,9 +320,10 @@ def _describe_block(desc: dict[str, Any]) -> str:
 def advise_command(client: Client, model: str, version: str | None, target_ms: float | None,
                    as_json: bool) -> None:
     """What batching does for MODEL: its fitted batch cost t(B) = c + m*B, the speed-up
-    S(B) = B(c+m)/(c+Bm) with its ceiling 1 + c/m, a worker's throughput B/(c+Bm), and the
-    batch size and delay advised (within the latency target, if any)."""
-    from mservd.advisor import Fit, advise, curve
+    S(B) = B(c+m)/(c+Bm) with its ceiling 1 + c/m, a worker's throughput B/(c+Bm) beside the
+    throughput measured at each size, and the batch size and delay advised (within the latency
+    target, if any)."""
+    from mservd.advisor import Fit, Measured, advise, curve
 
     desc = client.call("GET", _path(model, version))[0]
     cost = desc.get("batchCost")
@@ -332,8 +333,11 @@ def advise_command(client: Client, model: str, version: str | None, target_ms: f
             "16 batches of at least two sizes. Send it concurrent requests and ask again.")
     fit = Fit(cost["fixedMs"] / 1e3, cost["perItemMs"] / 1e3, cost["r2"], cost["samples"],
               cost["batchSizes"])
+    measured = {m["batchSize"]: Measured(m["batchSize"], m["batches"], m["items"],
+                                         m["batchMs"] * m["batches"] / 1e3)
+                for m in cost.get("measured", [])}
     target = target_ms if target_ms is not None else desc.get("maxLatencyMs")
-    advice = advise(fit, target / 1e3 if target else None)
+    advice = advise(fit, target / 1e3 if target else None, measured=measured)
     points = curve(fit)
     if as_json:
         _print_json({"model": desc["modelName"], "version": desc["modelVersion"], **cost,
@@ -344,11 +348,18 @@ def advise_command(client: Client, model: str, version: str | None, target_ms: f
                f"(r² {cost['r2']}, from {cost['samples']} batches of {cost['batchSizes']} sizes)")
     click.echo(f"speed-up ceiling 1 + c/m = {fit.ceiling:.1f}x")
     rows = [(p["batchSize"], f"{p['speedup']:.2f}x", f"{p['throughput']:.1f}",
-             f"{p['batchMs']:.2f}") for p in points]
-    click.echo(_table(("BATCH", "SPEED-UP S(B)", "REQ/S PER WORKER", "BATCH MS"), rows))
+             f"{p['batchMs']:.2f}", _measured_cell(measured.get(p["batchSize"])))
+            for p in points]
+    click.echo(_table(("BATCH", "SPEED-UP S(B)", "REQ/S PER WORKER", "BATCH MS",
+                       "MEASURED REQ/S (BATCHES)"), rows))
     where = f" for a {target:g} ms target" if target else ""
     click.echo(f"advised{where}: batch size {advice.batch_size}, max batch delay "
                f"{advice.max_batch_delay_ms} ms — {advice.why}")
+
+
+def _measured_cell(measured) -> str:
+    """A size's measured throughput per worker and how many recent batches it is from."""
+    return "-" if measured is None else f"{measured.throughput:.1f} ({measured.batches})"
 
 
 @models_group.command("register")

@@ -466,8 +466,10 @@ class Management:
         }
         fit = mv.batch_costs.fit()
         if fit is not None:  # the batching advisor's (mservd models advise shows its curve)
-            out["batchCost"] = {**fit.to_dict(),
-                                "advice": advise(fit, mv.settings.latency_target).to_dict()}
+            measured = mv.batch_costs.measured()
+            out["batchCost"] = {
+                **fit.to_dict(), "measured": [m.to_dict() for m in measured.values()],
+                "advice": advise(fit, mv.settings.latency_target, measured=measured).to_dict()}
         if mv.load_error:
             out["loadError"] = mv.load_error
         return out

@@ -76,8 +76,10 @@ def _version(registry: Registry, scheduler: Scheduler, supervisor: Supervisor,
         "batchCost": None, "advice": None,
     }
     if fit is not None:
-        out["batchCost"] = {**fit.to_dict(), "curve": curve(fit)}
-        out["advice"] = advise(fit, mv.settings.latency_target).to_dict()
+        measured = mv.batch_costs.measured()
+        out["batchCost"] = {**fit.to_dict(), "curve": curve(fit),
+                            "measured": [m.to_dict() for m in measured.values()]}
+        out["advice"] = advise(fit, mv.settings.latency_target, measured=measured).to_dict()
     if mv.settings.continuous_batching:
         out["firstToken"] = histograms["first_part"].get(key)
         out["interToken"] = histograms["between_parts"].get(key)

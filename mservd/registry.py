@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from mservd.advisor import BatchCosts
 from mservd.batcher import Batcher
 from mservd.errors import Forbidden, ModelNotFound
+from mservd.spinning import Spin
 
 if TYPE_CHECKING:
     from mservd.config import ModelSettings
@@ -43,6 +44,7 @@ class ModelVersion:
     batcher: Batcher = field(init=False)
     batch_costs: BatchCosts = field(init=False)  # the advisor's recent batch timings
     batches_since_sized: int = 0  # batchSize: auto re-sizes every SIZE_EVERY batches
+    target_spin: Spin = field(default_factory=Spin)  # its latency target's refusals, answers
 
     def __post_init__(self) -> None:
         s = self.settings

@@ -15,19 +15,19 @@ free, and each finishes (DONE) on its own; a client that goes away frees its slo
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Union
 
 from mservd import protocol
-from mservd.advisor import advise
+from mservd.advisor import LARGEST_BATCH, MIN_AT_SIZE, advise, next_to_try
 from mservd.config import Settings
 from mservd.errors import DeadlineExceeded, MservdError, NoWorker, QueueFull, WorkerDied
 from mservd.metrics import Metrics, VersionMetrics
 from mservd.registry import ModelVersion, Registry
 from mservd.worker_handle import Worker
 
-SIZE_EVERY = 32  # batches between two sizings of an auto-batched version
+SIZE_EVERY = 8  # batches between two sizings of an auto-batched version: enough to measure
+# a size tried (advisor.MIN_AT_SIZE)
 
 
 class Pending:
@@ -153,7 +153,8 @@ class Scheduler:
         that would pass its deadline (its own timeout, the default, the response timeout)
         waiting behind the batches queued before it — a full queue is refused by the batcher.
         A model's latency target (maxLatencyMs) sheds to meet it: refused while its queue's
-        head has waited so long that one more batch time passes the target. The server-wide
+        head has waited so long that one more batch time passes the target, unless its
+        refused clients only come straight back (``spinning.py``). The server-wide
         ``max_queue_wait_ms`` (0, off, by default) refuses a queue standing longer than
         batching asks (max_batch_delay) plus that wait, or four batch times if longer."""
         if mv.settings.continuous_batching:
@@ -161,7 +162,9 @@ class Scheduler:
             # bounds its queue instead
         waited = max(now - arrived, mv.batcher.oldest_wait(now))
         target = mv.settings.latency_target
-        if target is not None and waited + mv.batch_seconds > target:
+        if (target is not None and waited + mv.batch_seconds > target
+                and not mv.target_spin.resting(now)):
+            mv.target_spin.refusal(now)
             raise QueueFull(
                 f"Model {mv.name} version {mv.version} is over its latency target: requests "
                 f"have waited {waited * 1000:.0f} ms and a batch takes "
@@ -311,6 +314,7 @@ class Scheduler:
         vm.handler.observe(took)
         mv.batch_seconds += 0.2 * (took - mv.batch_seconds)
         mv.batch_costs.add(len(running.requests), took)
+        mv.target_spin.answers(len(results), now)
         if mv.settings.auto_batch or mv.settings.max_latency_ms:
             self._size_batches(mv)
         actions: list[Action] = []
@@ -467,20 +471,23 @@ class Scheduler:
 
     def _size_batches(self, mv: ModelVersion) -> None:
         """batchSize: auto, or a latency target: every SIZE_EVERY batches the batcher takes the
-        batch size and delay the advisor gives for the fit of the recent ones."""
+        batch size and delay the advisor gives for the recent ones, or a neighbouring size to
+        measure it (``advisor.next_to_try``). A target alone never raises the batch set."""
         mv.batches_since_sized += 1
         if mv.batches_since_sized < SIZE_EVERY:
             return
         mv.batches_since_sized = 0
         fit = mv.batch_costs.fit()
-        if fit is None:
-            return  # batches of one size only so far: keep what is set
-        advice = advise(fit, mv.settings.latency_target)
-        if not mv.settings.auto_batch:  # a target alone never raises the batch set
-            advice = dataclasses.replace(advice, batch_size=min(advice.batch_size,
-                                                                mv.settings.batch_size))
-        mv.batcher.batch_size = advice.batch_size
-        mv.batcher.max_batch_delay = advice.max_batch_delay_ms / 1000.0
+        measured = mv.batch_costs.measured()
+        target = mv.settings.latency_target
+        largest = LARGEST_BATCH if mv.settings.auto_batch else mv.settings.batch_size
+        if fit is None and not any(m.batches >= MIN_AT_SIZE for m in measured.values()):
+            return  # nothing to judge by yet: keep what is set
+        advice = advise(fit, target, largest, measured)
+        mv.batcher.batch_size = (next_to_try(advice, fit, target, largest, measured)
+                                 or advice.batch_size)
+        if advice.max_batch_delay_ms is not None:
+            mv.batcher.max_batch_delay = advice.max_batch_delay_ms / 1000.0
 
 
 def observe_waits(vm: VersionMetrics, batch: list[Pending], now: float) -> None:

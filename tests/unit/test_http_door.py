@@ -55,6 +55,22 @@ def test_door_holds_a_controller_refusal_for_a_moment(monkeypatch) -> None:
     assert door.refusal("/predictions/m") is None
 
 
+def test_door_stops_holding_refusals_its_clients_spin_on(monkeypatch) -> None:
+    import mservd.frontends.http.shedding as shedding
+    from mservd.spinning import FLOOR, WINDOW
+
+    now = [100.0]
+    monkeypatch.setattr(shedding.time, "monotonic", lambda: now[0])
+    door = Door(0.05)
+    door.answered("/predictions/m", None, 503, 0.001, True, b'{"refused": 1}')
+    for _ in range(FLOOR):  # clients resending at once, nothing answered
+        assert door.refusal("/predictions/m") == b'{"refused": 1}'
+    now[0] += WINDOW + 0.001
+    assert door.refusal("/predictions/m") is None  # through to the controller
+    door.answered("/predictions/m", None, 503, 0.001, True, b'{"refused": 1}')
+    assert door.refusal("/predictions/m") is None  # and not held again while it rests
+
+
 def test_door_learns_a_model_only_once_it_answers() -> None:
     door = Door(0.05)
     door.answered("/predictions/typo", None, 404, 0.001, False, b"")

@@ -116,6 +116,22 @@ def test_a_latency_target_sheds_once_the_queue_head_cannot_meet_it() -> None:
     assert refused.error.http_status == 503 and "latency target" in refused.error.message
 
 
+def test_a_latency_target_stops_shedding_clients_that_resend_at_once() -> None:
+    from mservd.spinning import FLOOR, WINDOW
+
+    settings = Settings(models={"m": {"1.0": {"maxLatencyMs": 100}}})
+    s, mv = setup(settings=settings, batch_size=1, max_batch_delay=0)
+    mv.batch_seconds = 0.04
+    s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
+    s.submit(FRONTEND, route(b"head", 0.0), [], now=0.0)
+    for n in range(FLOOR):  # a closed loop: each refusal comes straight back
+        [refused] = s.submit(FRONTEND, route(b"spin%d" % n, 0.07), [], now=0.07)
+        assert "latency target" in refused.error.message
+    # refused 32 times in a window that answered nothing: refusing only makes them spin
+    assert s.submit(FRONTEND, route(b"let-in", 0.07 + WINDOW), [], now=0.07 + WINDOW) == []
+    assert len(mv.batcher) == 2
+
+
 def test_scheduler_answers_504_for_a_request_past_its_deadline_in_the_queue() -> None:
     s, mv = setup(batch_size=1)
     s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 
 from mservd.errors import MservdError
+from mservd.spinning import Spin
 
 TICK = 0.005  # seconds between lag samples, and between a model limit's moves
 SMOOTHING = 0.1  # weight of the newest sample: one long turn (a burst) is not a backlog
@@ -195,7 +196,8 @@ class ModelLimit:
 
 # After the controller refuses a model's request as overloaded (503 with Retry-After), this
 # process refuses that model's requests itself for this long: under overload most refusals
-# then cost one parse here instead of a trip through the controller, which must keep up.
+# then cost one parse here instead of a trip through the controller, which must keep up —
+# unless its clients spin on the refusals (mservd/spinning.py): then it lets them through.
 REFUSAL_HOLD = 0.02  # seconds
 MAX_KEPT_BODIES = 256  # refusal bodies kept per process, by (path, limit)
 
@@ -219,6 +221,8 @@ class Door:
         self.queue_wait = queue_wait  # seconds: max_queue_wait_ms
         self.limits: dict[str, ModelLimit] = {}  # by path, once its model has answered
         self.holding: dict[str, tuple[float, bytes]] = {}  # path -> (until, refusal body)
+        self.spins: dict[str, Spin] = {}  # path -> its refusals against its answers, once
+        # the controller has refused it
         self._bodies: dict[tuple[str, int], bytes] = {}
 
     def refusal(self, path: str) -> bytes | None:
@@ -229,7 +233,10 @@ class Door:
             return self._refusal_body(path, int(limit.allowed))
         held = self.holding.get(path)
         if held is not None:
-            if time.monotonic() < held[0]:
+            now = time.monotonic()
+            spin = self.spins[path]
+            if now < held[0] and not spin.resting(now):
+                spin.refusal(now)
                 return held[1]
             del self.holding[path]
         return None
@@ -246,12 +253,21 @@ class Door:
         answers; a refusal by the controller (503 with Retry-After) is held here a moment."""
         if limit is not None:
             limit.busy -= 1
-        if status < 300 and self.queue_wait:
-            if limit is None:  # known once it answers: a client's typo makes no entry
-                limit = self.limits.setdefault(path, ModelLimit(self.queue_wait))
-            limit.answered(seconds)
+        spin = self.spins.get(path)
+        if status < 300:
+            if spin is not None:
+                spin.answers(1, time.monotonic())
+            if self.queue_wait:
+                if limit is None:  # known once it answers: a client's typo makes no entry
+                    limit = self.limits.setdefault(path, ModelLimit(self.queue_wait))
+                limit.answered(seconds)
         elif status == 503 and retry_after:
-            self.holding[path] = (time.monotonic() + REFUSAL_HOLD, body)
+            now = time.monotonic()
+            if spin is None:
+                spin = self.spins[path] = Spin()
+            spin.refusal(now)
+            if not spin.resting(now):
+                self.holding[path] = (now + REFUSAL_HOLD, body)
 
     def tick(self, seconds: float, log) -> None:
         for path, limit in self.limits.items():
