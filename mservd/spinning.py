@@ -13,11 +13,12 @@ Counting only, no clock of its own: the caller says when.
 
 from __future__ import annotations
 
-WINDOW = 0.1  # seconds over which refusals and answers are compared
+WINDOW = 0.5  # seconds over which refusals and answers are compared: longer than a stall of
+# the answers under an open overload, which also refuses more than it answers for a moment
 SPIN = 2.0  # refused this many times as often as answered: clients resending at once ...
-FLOOR = 32  # ... and at least this many refusals in a window (an open overload on a slow
+FLOOR = 64  # ... and at least this many refusals in a window (an open overload on a slow
 # model refuses a few a window, whatever its ratio)
-CALM = 2.0  # seconds it then rests
+CALM = 5.0  # seconds it then rests
 
 
 class Spin:

@@ -13,7 +13,7 @@ def refuse(spin: Spin, count: int, start: float) -> None:
 def test_refusals_far_faster_than_answers_make_it_rest_for_a_while() -> None:
     spin = Spin()
     spin.answers(5, 0.0)
-    refuse(spin, FLOOR, 0.0)  # a closed loop resending at once: 32 refusals to 5 answers
+    refuse(spin, FLOOR, 0.0)  # a closed loop resending at once: 64 refusals to 5 answers
     assert spin.resting(WINDOW)  # judged when its window ends
     assert spin.resting(WINDOW + CALM - 0.01)
     assert not spin.resting(WINDOW + CALM + 0.01)
@@ -21,8 +21,8 @@ def test_refusals_far_faster_than_answers_make_it_rest_for_a_while() -> None:
 
 def test_an_open_overload_refusing_less_than_twice_its_answers_keeps_shedding() -> None:
     spin = Spin()
-    spin.answers(40, 0.0)  # 1.8x overload: about 0.8 refusals per answer
-    refuse(spin, 40, 0.0)
+    spin.answers(2 * FLOOR, 0.0)  # 1.8x overload: about 0.8 refusals per answer
+    refuse(spin, int(1.6 * FLOOR), 0.0)
     assert not spin.resting(WINDOW)
 
 
