@@ -33,6 +33,8 @@ SHARE_OF_CEILING = 0.9  # a batch worth running reaches this share of S's ceilin
 TARGET_SHARE = 0.8  # of a latency target, what two batch times and the delay may use
 MIN_AT_SIZE = 8  # batches of about one size before its throughput counts as measured
 CLOSE_ENOUGH = 0.97  # a smaller batch answering this share of the most measured is advised
+RULED_OUT = 0.9  # a size the line expects to answer less than this share of the advised one's
+# is not tried: the line is trusted where it is steep, measured where it is flat
 
 
 @dataclass(frozen=True)
@@ -104,21 +106,28 @@ class BatchCosts:
 
     def __init__(self, window: int = WINDOW) -> None:
         self.samples: deque[tuple[int, float]] = deque(maxlen=window)
+        self.full: deque[tuple[int, float]] = deque(maxlen=window)  # full batches alone
         self._fit: Fit | None = None
         self._stale = False
         self._measured: dict[int, Measured] = {}
 
-    def add(self, size: int, seconds: float) -> None:
+    def add(self, size: int, seconds: float, full: bool = True) -> None:
+        """A batch's timing; ``full`` when it filled the batch size in force. Every batch
+        shapes the line, only full ones measure their size: a short batch runs when the queue
+        is short, in a quiet moment, and would flatter its size against the full ones of a
+        busy one."""
         if size > 0 and seconds >= 0:
             self.samples.append((size, seconds))
             self._stale = True
-            self._measured = {}
+            if full:
+                self.full.append((size, seconds))
+                self._measured = {}
 
     def measured(self) -> dict[int, Measured]:
-        """Each batch size in the window, with how many batches of it there were."""
-        if not self._measured and self.samples:
+        """Each batch size among the recent full batches, with how many there were."""
+        if not self._measured and self.full:
             sums: dict[int, list[float]] = {}
-            for size, seconds in self.samples:
+            for size, seconds in self.full:
                 acc = sums.setdefault(size, [0, 0.0])
                 acc[0] += 1
                 acc[1] += seconds
@@ -241,8 +250,9 @@ def _advise_from_fit(fit: Fit, target_s: float | None, largest: int) -> Advice:
 def next_to_try(advice: Advice, fit: Fit | None, target_s: float | None, largest: int,
                 measured: dict[int, Measured]) -> int | None:
     """The rung next to the advised size to run next, to measure it: the larger, else the
-    smaller, when it has no measure in the window and its batches would fit the target (as far
-    as the fit, or the advised size's own measure, can tell). None: run the advice."""
+    smaller, when it has no measure in the window, the line does not already rule it out, and
+    its batches would fit the target (as far as the fit, or the advised size's own measure, can
+    tell). None: run the advice."""
     size = advice.batch_size
     here = measured.get(size)
     if here is None or here.batches < MIN_AT_SIZE:
@@ -256,6 +266,8 @@ def next_to_try(advice: Advice, fit: Fit | None, target_s: float | None, largest
         seen = measured.get(other)
         if seen is not None and seen.batches >= MIN_AT_SIZE:
             continue
+        if fit is not None and fit.throughput(other) < RULED_OUT * fit.throughput(size):
+            continue  # a fixed cost large against the items': halving the batch cannot pay
         # unmeasured, and no fit: twice the batch takes at most twice as long (c >= 0)
         seconds = (fit.seconds(other) if fit is not None
                    else here.batch_seconds * max(1.0, other / size))

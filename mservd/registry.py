@@ -43,7 +43,8 @@ class ModelVersion:
     batch_seconds: float = 0.0  # recent time a worker takes for one batch (moving average)
     batcher: Batcher = field(init=False)
     batch_costs: BatchCosts = field(init=False)  # the advisor's recent batch timings
-    batches_since_sized: int = 0  # batchSize: auto re-sizes every SIZE_EVERY batches
+    batches_since_sized: int = 0  # batchSize: auto re-sizes every SIZE_EVERY batches ...
+    sized_at: float = 0.0  # ... SIZE_INTERVAL apart at least (monotonic seconds)
     target_spin: Spin = field(default_factory=Spin)  # its latency target's refusals, answers
 
     def __post_init__(self) -> None:

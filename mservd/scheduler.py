@@ -27,7 +27,8 @@ from mservd.registry import ModelVersion, Registry
 from mservd.worker_handle import Worker
 
 SIZE_EVERY = 8  # batches between two sizings of an auto-batched version: enough to measure
-# a size tried (advisor.MIN_AT_SIZE)
+# a size tried (advisor.MIN_AT_SIZE) ...
+SIZE_INTERVAL = 0.1  # ... and at least these seconds: a fast model is not refitted per batch
 
 
 class Pending:
@@ -313,10 +314,11 @@ class Scheduler:
         took = now - running.started
         vm.handler.observe(took)
         mv.batch_seconds += 0.2 * (took - mv.batch_seconds)
-        mv.batch_costs.add(len(running.requests), took)
+        mv.batch_costs.add(len(running.requests), took,
+                           full=len(running.requests) >= mv.batcher.batch_size)
         mv.target_spin.answers(len(results), now)
         if mv.settings.auto_batch or mv.settings.max_latency_ms:
-            self._size_batches(mv)
+            self._size_batches(mv, now)
         actions: list[Action] = []
         for result in results:
             pending = running.requests.pop(result.rid, None)
@@ -469,14 +471,16 @@ class Scheduler:
                            version=mv.version if mv else None)
         return Refuse(fid, rid, error)
 
-    def _size_batches(self, mv: ModelVersion) -> None:
-        """batchSize: auto, or a latency target: every SIZE_EVERY batches the batcher takes the
-        batch size and delay the advisor gives for the recent ones, or a neighbouring size to
-        measure it (``advisor.next_to_try``). A target alone never raises the batch set."""
+    def _size_batches(self, mv: ModelVersion, now: float) -> None:
+        """batchSize: auto, or a latency target: every SIZE_EVERY batches (SIZE_INTERVAL
+        apart at least) the batcher takes the batch size and delay the advisor gives for the
+        recent ones, or a neighbouring size to measure it (``advisor.next_to_try``). A target
+        alone never raises the batch set."""
         mv.batches_since_sized += 1
-        if mv.batches_since_sized < SIZE_EVERY:
+        if mv.batches_since_sized < SIZE_EVERY or now - mv.sized_at < SIZE_INTERVAL:
             return
         mv.batches_since_sized = 0
+        mv.sized_at = now
         fit = mv.batch_costs.fit()
         measured = mv.batch_costs.measured()
         target = mv.settings.latency_target
