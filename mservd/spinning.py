@@ -6,7 +6,8 @@ neither: every refusal comes straight back, so refusing it lowers no queue and o
 CPU the model needs on refusing, far faster than the model answers. Whoever sheds (the
 controller for a latency target, a frontend holding the controller's refusal) counts its
 refusals and the model's answers; refused more than SPIN times as often as it answers, it rests
-for CALM seconds and lets requests queue instead.
+for CALM seconds and lets requests queue instead (job_queue_size still bounds them). An open
+overload of SPIN times what the model answers looks the same, and is treated the same.
 
 Counting only, no clock of its own: the caller says when.
 """
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 WINDOW = 0.5  # seconds over which refusals and answers are compared: longer than a stall of
 # the answers under an open overload, which also refuses more than it answers for a moment
-SPIN = 2.0  # refused this many times as often as answered: clients resending at once ...
+SPIN = 8.0  # refused this many times as often as answered: clients resending at once (an
+# open overload of 1.8x refuses under twice what it answers; a closed loop spinning on a slow
+# model, a hundred times) ...
 FLOOR = 64  # ... and at least this many refusals in a window (an open overload on a slow
 # model refuses a few a window, whatever its ratio)
 CALM = 5.0  # seconds it then rests

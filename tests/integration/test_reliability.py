@@ -167,6 +167,35 @@ def test_a_full_queue_refuses_at_once_and_late_requests_get_504(daemon_factory) 
     assert "abandoned" not in daemon.read_log("model_echo.log", since=mark)
 
 
+def test_a_latency_target_stops_refusing_clients_that_resend_at_once(daemon_factory) -> None:
+    """Eight clients each sending again at once keep the echo model (50 ms a request) past
+    its 100 ms target: the target refuses them at first, then sees that its refusals only come
+    straight back (spinning.py), and lets them queue and be answered."""
+    targets = {"echo": {"1.0": {"maxLatencyMs": 100, "batchSize": 1}}}
+    daemon = daemon_factory({"load_models": "echo.mar", "models": json.dumps(targets)})
+    url = daemon.url("inference", "/predictions/echo")
+    headers = {"Authorization": f"Bearer {daemon.key('inference')}"}
+    outcomes: list[tuple[float, int]] = []
+    end = time.monotonic() + 4.0
+
+    def client(_: int) -> None:
+        session = requests.Session()
+        while time.monotonic() < end:
+            status = session.post(url, json={"sleep": 0.05}, headers=headers,
+                                  timeout=30).status_code
+            outcomes.append((time.monotonic(), status))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(client, range(8)))
+    assert {status for _, status in outcomes} <= {200, 503}
+    refused = [t for t, status in outcomes if status == 503]
+    answered = [t for t, status in outcomes if status == 200]
+    assert len(refused) >= 64  # over the target, it shed at first
+    late = [t for t in refused if t > end - 2.0]
+    assert len(late) < 8, f"{len(late)} refused in the last 2 s of {len(refused)}"
+    assert len([t for t in answered if t > end - 2.0]) >= 16  # queued and served instead
+
+
 def test_sigkill_of_the_daemon_leaves_no_process_behind(daemon_factory) -> None:
     daemon = daemon_factory({"load_models": "echo.mar", "default_workers_per_model": 2})
     children = daemon.descendants()
