@@ -132,6 +132,29 @@ def test_a_latency_target_stops_shedding_clients_that_resend_at_once() -> None:
     assert len(mv.batcher) == 2
 
 
+def test_auto_batching_tries_a_larger_size_and_sizes_at_most_every_tenth_of_a_second() -> None:
+    settings = Settings(models={"m": {"1.0": {"batchSize": "auto"}}})
+    s, mv = setup(settings=settings, max_batch_delay=0)
+    assert mv.batcher.batch_size == 8
+
+    def full_batches(count: int, now: float, took: float) -> float:
+        for n in range(count):
+            for i in range(8):
+                s.enqueue(FRONTEND, route(b"%f.%d.%d" % (now, n, i), now), [], now=now)
+            [send] = s.dispatch(mv, now)
+            now += took
+            s.finished(send.worker, [ok(p.rid) for p in send.requests], now)
+        return now
+
+    now = full_batches(8, 10.0, 0.001)  # 8 full batches of 8 measured: try 16 next
+    assert mv.batcher.batch_size == 16 and mv.sized_at == now
+    sized = mv.sized_at
+    now = full_batches(8, now, 0.001)  # 8 more within 0.1 s: not sized again
+    assert mv.sized_at == sized
+    now = full_batches(8, now, 0.02)  # sized again once 0.1 s has passed
+    assert sized + 0.1 <= mv.sized_at <= now
+
+
 def test_scheduler_answers_504_for_a_request_past_its_deadline_in_the_queue() -> None:
     s, mv = setup(batch_size=1)
     s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
