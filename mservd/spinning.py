@@ -7,7 +7,9 @@ CPU the model needs on refusing, far faster than the model answers. Whoever shed
 controller for a latency target, a frontend holding the controller's refusal) counts its
 refusals and the model's answers; refused more than SPIN times as often as it answers, it rests
 for CALM seconds and lets requests queue instead (job_queue_size still bounds them). An open
-overload of SPIN times what the model answers looks the same, and is treated the same.
+overload offering more than SPIN + 1 times what the model answers looks the same, and is
+treated the same. (The opt-in concurrency limit in ``frontends/http/shedding.py`` has its own
+rule for spinning clients, against the capacity it measures per tick.)
 
 Counting only, no clock of its own: the caller says when.
 """
