@@ -89,6 +89,11 @@ class Measured:
     def batch_seconds(self) -> float:
         return self.seconds / self.batches
 
+    @property
+    def enough(self) -> bool:
+        """Enough recent batches (MIN_AT_SIZE) for its throughput to count."""
+        return self.batches >= MIN_AT_SIZE
+
     def to_dict(self) -> dict[str, float | int]:
         return {"batchSize": self.size, "batches": self.batches, "items": self.items,
                 "batchMs": round(self.batch_seconds * 1e3, 3),
@@ -189,9 +194,9 @@ def advise(fit: Fit | None, target_s: float | None = None, largest: int = LARGES
     """
     if fit is None and not measured:
         raise ValueError("nothing to advise from: no fit and no size measured")
-    budget = TARGET_SHARE * target_s if target_s is not None else math.inf
+    budget = _budget(target_s)
     rungs = ladder(largest)
-    known = {b: m for b, m in (measured or {}).items() if m.batches >= MIN_AT_SIZE and b in rungs}
+    known = {b: m for b, m in (measured or {}).items() if m.enough and b in rungs}
     allowed = {b: m for b, m in known.items() if 2 * m.batch_seconds <= budget}
     if allowed:
         top = max(m.throughput for m in allowed.values())
@@ -255,16 +260,16 @@ def next_to_try(advice: Advice, fit: Fit | None, target_s: float | None, largest
     tell). None: run the advice."""
     size = advice.batch_size
     here = measured.get(size)
-    if here is None or here.batches < MIN_AT_SIZE:
+    if here is None or not here.enough:
         return None  # the advice itself is not measured yet
-    budget = TARGET_SHARE * target_s if target_s is not None else math.inf
+    budget = _budget(target_s)
     rungs = ladder(largest)
     if size not in rungs:
         return None
     at = rungs.index(size)
     for other in rungs[at + 1:at + 2] + rungs[max(0, at - 1):at]:
         seen = measured.get(other)
-        if seen is not None and seen.batches >= MIN_AT_SIZE:
+        if seen is not None and seen.enough:
             continue
         if fit is not None and fit.throughput(other) < RULED_OUT * fit.throughput(size):
             continue  # a fixed cost large against the items': halving the batch cannot pay
@@ -274,6 +279,11 @@ def next_to_try(advice: Advice, fit: Fit | None, target_s: float | None, largest
         if 2 * seconds <= budget:
             return other
     return None
+
+
+def _budget(target_s: float | None) -> float:
+    """Seconds that two batch times and the delay may take under a latency target."""
+    return TARGET_SHARE * target_s if target_s is not None else math.inf
 
 
 def curve(fit: Fit, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> list[dict[str, float]]:

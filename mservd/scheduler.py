@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from mservd import protocol
-from mservd.advisor import LARGEST_BATCH, MIN_AT_SIZE, advise, next_to_try
+from mservd.advisor import LARGEST_BATCH, advise, next_to_try
 from mservd.config import Settings
 from mservd.errors import DeadlineExceeded, MservdError, NoWorker, QueueFull, WorkerDied
 from mservd.metrics import Metrics, VersionMetrics
@@ -485,7 +485,7 @@ class Scheduler:
         measured = mv.batch_costs.measured()
         target = mv.settings.latency_target
         largest = LARGEST_BATCH if mv.settings.auto_batch else mv.settings.batch_size
-        if fit is None and not any(m.batches >= MIN_AT_SIZE for m in measured.values()):
+        if fit is None and not any(m.enough for m in measured.values()):
             return  # nothing to judge by yet: keep what is set
         advice = advise(fit, target, largest, measured)
         mv.batcher.batch_size = (next_to_try(advice, fit, target, largest, measured)

@@ -117,6 +117,11 @@ def test_a_size_measured_too_slow_for_the_target_is_not_advised() -> None:
     assert advice.max_batch_delay_ms is None  # no line yet: the delay set stays
 
 
+def test_with_every_size_measured_past_the_target_the_next_smaller_is_advised() -> None:
+    advice = advise(None, target_s=0.1, measured=measured_from({4: 0.06, 8: 0.1}))
+    assert advice.batch_size == 2 and "pass 80% of the 100 ms target" in advice.why
+
+
 def test_each_unmeasured_neighbour_of_the_advice_is_tried_larger_first() -> None:
     measured = measured_from({4: 0.1})
     advice = advise(None, measured=measured)
