@@ -8,6 +8,7 @@ log folder, the HTTP ports (held for the frontends), the frontend processes
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import logging.handlers
@@ -236,6 +237,7 @@ class Daemon:
             if not registrations:
                 finish_startup()
             log.info("mservd %s serving (pid %d)", __version__, os.getpid())
+            gc.freeze()  # what start-up made lives on: full collections skip it
             controller.run(lambda: self.stop_signal, frontends.alive, self.watch_frontends)
         finally:
             frontends.stop()

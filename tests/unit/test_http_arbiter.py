@@ -3,12 +3,14 @@ connection and worker, so a gunicorn that renamed these would break the frontend
 
 from __future__ import annotations
 
+import gc
 import inspect
 
 from gunicorn.asgi.protocol import ASGIProtocol
 from gunicorn.workers.gasgi import ASGIWorker
+from http_spec import http_frontend_spec
 
-from mservd.frontends.http.arbiter import FrontendProtocol, FrontendWorker
+from mservd.frontends.http.arbiter import FrontendProtocol, FrontendServer, FrontendWorker
 
 
 def test_gunicorn_connection_has_the_methods_frontend_protocol_extends() -> None:
@@ -49,3 +51,13 @@ def test_error_responses_of_the_parser_are_mservd_json() -> None:
     assert b"Content-Type: application/json" in head
     assert body == (b'{"code": 431, "type": "RequestHeaderFieldsTooLarge", '
                     b'"message": "Request header fields too large."}')
+
+
+def test_what_the_workers_inherit_from_the_arbiter_is_never_collected() -> None:
+    gc.unfreeze()
+    try:
+        app = FrontendServer(http_frontend_spec()).load()
+        assert gc.get_freeze_count() > 0
+        assert not any(o is app for o in gc.get_objects())  # frozen: no collection walks it
+    finally:
+        gc.unfreeze()

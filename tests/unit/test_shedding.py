@@ -6,11 +6,11 @@ import asyncio
 import time
 
 import pytest
+from http_spec import http_frontend_spec
 
 from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.http.gateway import Gateway
 from mservd.frontends.http.shedding import FLOOR, SHARE, TICK, ModelLimit, Overloaded, Shedder
-from mservd.specs import HttpFrontendSpec
 
 
 def run_ticks(loop: asyncio.AbstractEventLoop, ticks: list[float], count: int) -> None:
@@ -174,15 +174,6 @@ def test_a_model_s_quickest_answer_is_forgotten_slowly() -> None:
     assert 0.0035 < limit.quickest < 0.004  # about 1 % a second
 
 
-def _gateway_spec(**settings: float) -> HttpFrontendSpec:
-    return HttpFrontendSpec(**{
-        "controller": "ipc:///nowhere", "workers": 1, "binds": [], "ports": {},
-        "shed_delay_ms": 0, "max_queue_wait_ms": 0, "connections": 10, "header_timeout": 5,
-        "write_timeout": 5, "body_timeout": 5, "max_header_bytes": 8192, "accesslog": None,
-        "log_format": "plain", "log_level": "INFO", "auth": False, "max_request_size": 1 << 20,
-        "reply_timeout": 60, **settings})
-
-
 @pytest.mark.parametrize("settings, ticking", [
     ({}, False),  # the defaults: nothing to sample, no timer waking the process
     ({"shed_delay_ms": 20}, True),
@@ -191,7 +182,7 @@ def _gateway_spec(**settings: float) -> HttpFrontendSpec:
 def test_a_frontend_samples_its_loop_only_when_a_shedding_rule_is_on(settings, ticking) -> None:
     loop = asyncio.new_event_loop()
     try:
-        Gateway(_gateway_spec(**settings), AsyncBridge("ipc:///nowhere"), loop)
+        Gateway(http_frontend_spec(**settings), AsyncBridge("ipc:///nowhere"), loop)
         assert bool(loop._scheduled) is ticking  # the sampler's timer, armed or not
     finally:
         loop.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import logging
 import os
 from collections.abc import Callable
@@ -174,6 +175,7 @@ class FrontendApp:
             "metrics": metrics.MetricsRoutes(self.bridge).answer,
         }
         loop.call_later(ACCESS_FLUSH, self.flush_access_log)
+        gc.freeze()  # this worker's routes and apps live on: full collections skip them
         ready_fd = spec.ready_fd
         if ready_fd is not None:  # the daemon counts the workers that serve
             try:

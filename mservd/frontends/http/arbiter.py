@@ -22,6 +22,7 @@ version is pinned below 28 (``tests/unit/test_http_arbiter.py`` checks what it r
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import sys
@@ -269,7 +270,12 @@ class FrontendServer(BaseApplication):
     def load(self) -> Any:
         from mservd.frontends.http.app import FrontendApp
 
-        return FrontendApp(self.spec)
+        app = FrontendApp(self.spec)
+        # what the workers inherit is never collected: a full collection walked all of it and
+        # held a worker's loop 25-40 ms under load, a burst the controller's queue then took
+        gc.collect()
+        gc.freeze()
+        return app
 
 
 def main(argv: list[str] | None = None) -> int:
