@@ -117,11 +117,13 @@ class Batcher(Generic[T]):
         self._soonest = float("inf")
         return items
 
-    def next_wakeup(self, any_busy: bool) -> float | None:
-        """When ``take`` or ``expire`` may next have something to do, or None."""
+    def next_wakeup(self, any_busy: bool, any_idle: bool = True) -> float | None:
+        """When ``take`` or ``expire`` may next have something to do, or None. With no worker
+        idle (``any_idle`` False) only a deadline can be due: a batch waits for a worker's
+        answer, which wakes the loop itself."""
         if not self._queue:
             return None
         soonest = self._soonest_deadline()
-        if any_busy and len(self._queue) < self.batch_size:
+        if any_idle and any_busy and len(self._queue) < self.batch_size:
             soonest = min(soonest, self._queue[0].arrived + self.max_batch_delay)
         return soonest

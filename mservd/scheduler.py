@@ -425,7 +425,11 @@ class Scheduler:
         for mv in self.registry.all_versions():
             if len(mv.batcher):
                 busy = any(w.id in self.running for w in mv.workers.values())
-                when = mv.batcher.next_wakeup(busy)
+                # a continuous worker takes more while it runs; any other only when it is idle:
+                # past its batch delay a queue with none idle would wake the loop in a spin
+                idle = mv.settings.continuous_batching or any(
+                    w.is_serving and w.id not in self.running for w in mv.workers.values())
+                when = mv.batcher.next_wakeup(busy, idle)
                 if when is not None and when < soonest:
                     soonest = when
         for running in self.running.values():

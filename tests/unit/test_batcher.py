@@ -27,6 +27,7 @@ def test_batcher_waits_for_batch_mates_while_a_worker_is_busy() -> None:
     b.add(Item("b", 0.1))
     assert b.take(now=0.2, any_busy=True) == []
     assert b.next_wakeup(any_busy=True) == 0.5
+    assert b.next_wakeup(any_busy=True, any_idle=False) == 100.0  # none free: a deadline only
 
 
 def test_batcher_flushes_when_delay_expires() -> None:

@@ -165,6 +165,22 @@ def test_scheduler_answers_504_for_a_request_past_its_deadline_in_the_queue() ->
     assert expired.rid == b"hurried" and expired.error.http_status == 504
 
 
+def test_scheduler_does_not_wake_for_a_partial_batch_while_every_worker_is_busy() -> None:
+    s, mv = setup(workers=2, batch_size=4, max_batch_delay=5)
+    [first] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
+    assert s.submit(FRONTEND, route(b"b", 0.001), [], now=0.001) == []  # waits for mates
+    assert s.next_wakeup(soonest=100.0) == 0.006  # a worker is free: its batch delay counts
+    [second] = s.tick(now=0.006)
+    assert [p.rid for p in second.requests] == [b"b"]
+    assert s.submit(FRONTEND, route(b"c", 0.007), [], now=0.007) == []
+    # its batch delay passes at 0.012, but no worker is free to take it: only a worker's
+    # answer can start it, and that wakes the loop itself (it used to spin until then)
+    assert s.next_wakeup(soonest=100.0) == 100.0
+    actions = s.finished(first.worker, [ok(b"a")], now=0.2)
+    assert kinds(actions) == ["Forward", "SendBatch"]
+    assert [p.rid for p in actions[1].requests] == [b"c"]
+
+
 def test_scheduler_kills_a_worker_whose_batch_hangs_and_does_not_retry_it() -> None:
     s, mv = setup(workers=2, batch_size=1, response_timeout=5)
     [send] = s.submit(FRONTEND, route(b"hang", 0.0), [], now=0.0)
