@@ -263,7 +263,8 @@ def import_shared(names: list[str]) -> None:
         gc.freeze()
 
 
-def fork_worker(spec: WorkerSpec, log_fd: int, sock: socket.socket, pipe: tuple[int, int]) -> int:
+def fork_worker(spec: WorkerSpec, log_fd: int, sock: socket.socket, pipe: tuple[int, int],
+                worker_slot: int | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -281,6 +282,7 @@ def fork_worker(spec: WorkerSpec, log_fd: int, sock: socket.socket, pipe: tuple[
         os.dup2(log_fd, 2)
         os.close(log_fd)
         _reseed()
+        cores.slot = worker_slot  # where it counts itself busy (mservd/cores.py)
         _name_process(f"mservd:{spec.model_name}")
         from mservd import worker
 
@@ -320,7 +322,7 @@ def serve(sock: socket.socket) -> int:
     die_with_parent(signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us
     preload()
-    cores.share()  # before the first fork: every worker counts itself busy in the same place
+    cores.share()  # before the first fork: every worker counts itself busy in the same table
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -328,6 +330,7 @@ def serve(sock: socket.socket) -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select below
     children: dict[int, str] = {}
     by_id: dict[str, int] = {}
+    slots: dict[int, int] = {}  # pid -> its slot in the busy table
     while True:
         readable, _, _ = select.select([sock, wake_r], [], [])
         if wake_r in readable:
@@ -337,7 +340,7 @@ def serve(sock: socket.socket) -> int:
                         break
                 except BlockingIOError:
                     break
-        _reap(sock, children, by_id)
+        _reap(sock, children, by_id, slots)
         if sock not in readable:
             continue
         try:
@@ -353,7 +356,10 @@ def serve(sock: socket.socket) -> int:
         if "spawn" in request:
             spec = WorkerSpec.from_json(request["spawn"])
             import_shared(libraries_for(spec))
-            pid = fork_worker(spec, fds[0], sock, (wake_r, wake_w))
+            worker_slot = cores.free_slot(set(slots.values()))
+            pid = fork_worker(spec, fds[0], sock, (wake_r, wake_w), worker_slot)
+            if worker_slot is not None:
+                slots[pid] = worker_slot
             os.close(fds[0])
             children[pid] = spec.worker_id
             by_id[spec.worker_id] = pid
@@ -369,7 +375,8 @@ def serve(sock: socket.socket) -> int:
             os.close(fd)
 
 
-def _reap(sock: socket.socket, children: dict[int, str], by_id: dict[str, int]) -> None:
+def _reap(sock: socket.socket, children: dict[int, str], by_id: dict[str, int],
+          slots: dict[int, int]) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -377,6 +384,9 @@ def _reap(sock: socket.socket, children: dict[int, str], by_id: dict[str, int]) 
             return
         if pid == 0:
             return
+        worker_slot = slots.pop(pid, None)
+        if worker_slot is not None:  # however it ended, it counts busy no more
+            cores.release(worker_slot)
         worker_id = children.pop(pid, None)
         if worker_id is None:
             continue
