@@ -69,14 +69,24 @@ def _errors(entry: dict[str, Any] | None) -> str:
 
 
 def _median_tree(items: list[Any]) -> Any:
-    """The median of each number in a list of like-shaped result trees."""
+    """The median of each number in a list of like-shaped result trees. A count of errors of a
+    kind that a round did not have is 0 in that round, not left out of the median."""
     numbers = [i for i in items if isinstance(i, (int, float)) and not isinstance(i, bool)]
     if numbers and len(numbers) == len(items):
         return statistics.median(numbers)
     if items and all(isinstance(i, dict) for i in items):
         keys = {k for i in items for k in i}
-        return {k: _median_tree([i[k] for i in items if k in i]) for k in keys}
+        return {k: _median_counts([i.get(k) or {} for i in items]) if k == "errors"
+                else _median_tree([i[k] for i in items if k in i]) for k in keys}
     return items[0] if items else None
+
+
+def _median_counts(rounds: list[dict[str, int]]) -> dict[str, float]:
+    """Per kind, the median count over the rounds (0 where a round had none); kinds with a
+    median of 0 are left out, as a round without errors has none."""
+    kinds = {k for r in rounds for k in r}
+    counts = {k: statistics.median(r.get(k, 0) for r in rounds) for k in kinds}
+    return {k: v for k, v in counts.items() if v}
 
 
 def valid(entry: dict[str, Any]) -> bool:

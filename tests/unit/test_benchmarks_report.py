@@ -1,0 +1,24 @@
+"""The benchmark report's medians over rounds: what a figure in BENCHMARKS.md is."""
+
+from __future__ import annotations
+
+from benchmarks.report import medians
+
+
+def run(refused: int | None, sent: int, p99: float) -> dict:
+    errors = {} if refused is None else {"503": refused}
+    return {"tiny": {"open": {"0.9": {"sent": sent, "errors": errors, "p99_ms": p99}}}}
+
+
+def test_a_round_without_refusals_counts_as_none_refused_in_the_median() -> None:
+    rounds = [{"mservd": run(150, 24_000, 50.0)}, {"mservd": run(None, 22_000, 20.0)},
+              {"mservd": run(340, 20_000, 40.0)}]
+    merged = medians(rounds)["mservd"]["tiny"]["open"]["0.9"]
+    assert merged["errors"] == {"503": 150}  # the median of 150, 0 and 340, not of 150 and 340
+    assert merged["sent"] == 22_000 and merged["p99_ms"] == 40.0
+
+
+def test_an_error_kind_most_rounds_did_not_have_is_left_out() -> None:
+    rounds = [{"mservd": run(None, 100, 1.0)}, {"mservd": run(None, 100, 1.0)},
+              {"mservd": run(5, 100, 1.0)}]
+    assert medians(rounds)["mservd"]["tiny"]["open"]["0.9"]["errors"] == {}
