@@ -221,6 +221,8 @@ def advise(fit: Fit | None, target_s: float | None = None, largest: int = LARGES
         seconds = known[smallest].batch_seconds * best / smallest
         why = (f"two batches of {smallest} ({2 * known[smallest].batch_seconds * 1e3:.1f} ms) "
                f"pass {TARGET_SHARE:.0%} of the {target_s * 1e3:.0f} ms target")
+    elif fit is None:  # only sizes above the largest allowed now were measured
+        return Advice(rungs[-1], None, f"no more than {largest} can be batched now")
     else:
         return _advise_from_fit(fit, target_s, largest)
     delay = None if fit is None else round(min(fit.fixed, max(0.0, budget - 2 * seconds)) * 1e3, 2)

@@ -7,6 +7,7 @@ Lookups raise the client-facing errors with the wording users see.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,8 @@ class ModelVersion:
     batch_costs: BatchCosts = field(init=False)  # the advisor's recent batch timings
     batches_since_sized: int = 0  # batchSize: auto re-sizes every SIZE_EVERY batches ...
     sized_at: float = 0.0  # ... SIZE_INTERVAL apart at least (monotonic seconds)
+    held: deque[int] = field(default_factory=lambda: deque(maxlen=16))  # requests it held
+    # (queued and running) as each of its last batches ended: what its workers could batch
     target_spin: Spin = field(default_factory=Spin)  # its latency target's refusals, answers
 
     def __post_init__(self) -> None:

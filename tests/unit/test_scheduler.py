@@ -137,15 +137,20 @@ def test_auto_batching_tries_a_larger_size_and_sizes_at_most_every_tenth_of_a_se
     s, mv = setup(settings=settings, max_batch_delay=0)
     assert mv.batcher.batch_size == 8
 
+    sent: list[SendBatch] = []  # the next batch, sent as the last one finished
+
     def full_batches(count: int, now: float, took: float) -> float:
         for n in range(count):
             for i in range(8):
                 s.enqueue(FRONTEND, route(b"%f.%d.%d" % (now, n, i), now), [], now=now)
-            [send] = s.dispatch(mv, now)
+            send = sent.pop() if sent else s.dispatch(mv, now)[0]
             now += took
-            s.finished(send.worker, [ok(p.rid) for p in send.requests], now)
+            sent.extend(a for a in s.finished(send.worker, [ok(p.rid) for p in send.requests],
+                                              now) if isinstance(a, SendBatch))
         return now
 
+    for i in range(8):  # a batch's worth more than it runs waits: demand for a batch of 16
+        s.enqueue(FRONTEND, route(b"ahead.%d" % i, 10.0), [], now=10.0)
     now = full_batches(8, 10.0, 0.001)  # 8 full batches of 8 measured: try 16 next
     assert mv.batcher.batch_size == 16 and mv.sized_at == now
     sized = mv.sized_at
@@ -153,6 +158,21 @@ def test_auto_batching_tries_a_larger_size_and_sizes_at_most_every_tenth_of_a_se
     assert mv.sized_at == sized
     now = full_batches(8, now, 0.02)  # sized again once 0.1 s has passed
     assert sized + 0.1 <= mv.sized_at <= now
+
+
+def test_auto_batching_batches_no_more_than_the_workers_share_of_what_it_holds() -> None:
+    settings = Settings(models={"m": {"1.0": {"batchSize": "auto"}}})
+    s, mv = setup(workers=2, settings=settings, max_batch_delay=0)
+    now = 10.0
+    for n in range(32):  # 8 clients resending at once: 8 held, one worker takes them all
+        for i in range(8):
+            s.enqueue(FRONTEND, route(b"%d.%d" % (n, i), now), [], now=now)
+        sends = s.dispatch(mv, now)
+        now += 0.02
+        for send in sends:
+            s.finished(send.worker, [ok(p.rid) for p in send.requests], now)
+    # a batch of 8 leaves the other worker idle however well it measures per worker
+    assert mv.batcher.batch_size <= 4
 
 
 def test_scheduler_answers_504_for_a_request_past_its_deadline_in_the_queue() -> None:
