@@ -469,7 +469,8 @@ class Management:
             measured = mv.batch_costs.measured()
             out["batchCost"] = {
                 **fit.to_dict(), "measured": [m.to_dict() for m in measured.values()],
-                "advice": advise(fit, mv.settings.latency_target, measured=measured).to_dict()}
+                "advice": advise(fit, mv.settings.latency_target, mv.largest_batch(),
+                                 measured).to_dict()}
         if mv.load_error:
             out["loadError"] = mv.load_error
         return out

@@ -227,8 +227,8 @@ class Metrics:
                 self.item_cost.labels(mv.name, mv.version).set(fit.per_item)
                 self.fit_r2.labels(mv.name, mv.version).set(fit.r2)
                 self.advised_batch.labels(mv.name, mv.version).set(
-                    advise(fit, mv.settings.latency_target,
-                           measured=mv.batch_costs.measured()).batch_size)
+                    advise(fit, mv.settings.latency_target, mv.largest_batch(),
+                           mv.batch_costs.measured()).batch_size)
             for worker in mv.workers.values():
                 if worker.pid is None:
                     continue

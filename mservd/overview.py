@@ -79,7 +79,8 @@ def _version(registry: Registry, scheduler: Scheduler, supervisor: Supervisor,
         measured = mv.batch_costs.measured()
         out["batchCost"] = {**fit.to_dict(), "curve": curve(fit),
                             "measured": [m.to_dict() for m in measured.values()]}
-        out["advice"] = advise(fit, mv.settings.latency_target, measured=measured).to_dict()
+        out["advice"] = advise(fit, mv.settings.latency_target, mv.largest_batch(),
+                               measured).to_dict()
     if mv.settings.continuous_batching:
         out["firstToken"] = histograms["first_part"].get(key)
         out["interToken"] = histograms["between_parts"].get(key)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mservd.advisor import BatchCosts
+from mservd.advisor import LARGEST_BATCH, BatchCosts
 from mservd.batcher import Batcher
 from mservd.errors import Forbidden, ModelNotFound
 from mservd.spinning import Spin
@@ -84,6 +84,15 @@ class ModelVersion:
 
     def live_count(self) -> int:
         return sum(1 for w in self.workers.values() if w.is_serving)
+
+    def largest_batch(self) -> int:
+        """The largest batch to advise: with batchSize: auto, no more than the live workers'
+        share of the most requests it held over its last batches — a larger one gives one
+        worker everything while the others wait, which a measure per worker cannot show."""
+        if not self.settings.auto_batch or not self.held:
+            return LARGEST_BATCH
+        share = -(-max(self.held) // max(1, self.live_count()))  # rounded up
+        return max(1, min(LARGEST_BATCH, share))
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from mservd import protocol
-from mservd.advisor import LARGEST_BATCH, advise, next_to_try
+from mservd.advisor import advise, next_to_try
 from mservd.config import Settings
 from mservd.errors import DeadlineExceeded, MservdError, NoWorker, QueueFull, WorkerDied
 from mservd.metrics import Metrics, VersionMetrics
@@ -481,9 +481,8 @@ class Scheduler:
         apart at least) the batcher takes the batch size and delay the advisor gives for the
         recent ones, or a neighbouring size to measure it (``advisor.next_to_try``). A target
         alone never raises the batch set. Auto batches are no larger than the live workers'
-        share of the most requests the version held lately (``held`` now): a larger batch
-        takes them all for one worker while the others wait, which its measure per worker
-        cannot show (tiny at c=64 took 64 and answered 83 % of batch 16)."""
+        share of the most requests the version held lately (``held`` now, and
+        ``ModelVersion.largest_batch``: tiny at c=64 took 64 and answered 83 % of batch 16)."""
         mv.batches_since_sized += 1
         mv.held.append(held)
         if mv.batches_since_sized < SIZE_EVERY or now - mv.sized_at < SIZE_INTERVAL:
@@ -493,10 +492,7 @@ class Scheduler:
         fit = mv.batch_costs.fit()
         measured = mv.batch_costs.measured()
         target = mv.settings.latency_target
-        largest = mv.settings.batch_size
-        if mv.settings.auto_batch:
-            share = -(-max(mv.held) // max(1, mv.live_count()))  # rounded up
-            largest = max(1, min(LARGEST_BATCH, share))
+        largest = mv.largest_batch() if mv.settings.auto_batch else mv.settings.batch_size
         if fit is None and not any(m.enough for m in measured.values()):
             return  # nothing to judge by yet: keep what is set
         advice = advise(fit, target, largest, measured)

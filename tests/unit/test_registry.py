@@ -67,3 +67,18 @@ def test_snapshot_keeps_only_the_newest_files(tmp_path: Path) -> None:
     for _ in range(snapshot.KEEP + 3):
         snapshot.write(tmp_path, {"models": {}})
     assert len(list(snapshot.folder(tmp_path).glob("*-snapshot.json"))) == snapshot.KEEP
+
+
+def test_the_largest_batch_advised_under_auto_is_the_live_workers_share_of_what_it_held() -> None:
+    from mservd.advisor import LARGEST_BATCH
+    from mservd.worker_handle import Worker, WorkerState
+
+    fixed, auto = version("m", "1.0", batch_size=8), version("a", "1.0", batch_size="auto")
+    for mv in (fixed, auto):
+        for i in range(2):
+            worker = Worker(str(9000 + i), mv.name, "1.0", proc=None, gpu_id=None, mv=mv)
+            worker.state = WorkerState.SERVING
+            mv.workers[worker.id] = worker
+        mv.held.extend([10, 45, 30])
+    assert fixed.largest_batch() == LARGEST_BATCH  # a set batch size: the advice is per worker
+    assert auto.largest_batch() == 23  # 45 held at most, two workers: 23 each, rounded up
