@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
+import types
 
 import pytest
 import torch
 
-from mservd import cores
+from mservd import cores, zygote
 
 
 @pytest.fixture
@@ -22,6 +24,24 @@ def shared(monkeypatch):
     torch.set_num_threads(before)
 
 
+class Clock:
+    """The monotonic clock cores.py reads, moved by hand: lingering is judged without sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(cores, "time", types.SimpleNamespace(monotonic=fake,
+                                                             perf_counter=time.perf_counter))
+    return fake
+
+
 @pytest.fixture
 def in_slot(monkeypatch):
     """Run a Threads' batch as the worker in a given slot (each worker process has its own)."""
@@ -31,7 +51,8 @@ def in_slot(monkeypatch):
     return enter
 
 
-def test_a_lone_busy_worker_takes_every_core_and_two_share_them(shared, in_slot) -> None:
+def test_a_lone_busy_worker_takes_every_core_and_two_share_them(shared, clock,
+                                                                in_slot) -> None:
     first, second = cores.Threads(4), cores.Threads(4)
     for threads in (first, second):  # a model whose batches take 100 ms
         threads.calibrated, threads.parallel = cores.CALIBRATION, True
@@ -39,9 +60,9 @@ def test_a_lone_busy_worker_takes_every_core_and_two_share_them(shared, in_slot)
         assert first.now == 4  # alone
         with in_slot(second, 1):
             assert second.now == 2  # two busy: half each
-    assert cores.busy_now(time.monotonic()) == 2  # each lingers a moment after its batch
-    time.sleep(cores.LINGER * 1.5)
-    assert cores.busy_now(time.monotonic()) == 0
+    assert cores.busy_now(clock.now) == 2  # each lingers a moment after its batch
+    clock.now += cores.LINGER * 1.5
+    assert cores.busy_now(clock.now) == 0
     with in_slot(second, 1):
         assert second.now == 4  # alone again
 
@@ -59,16 +80,19 @@ def test_a_worker_just_done_still_counts_so_a_neighbour_starts_on_its_share(
         assert first.now == 2
 
 
-def test_a_worker_counts_as_long_after_a_batch_as_the_batch_took(shared, in_slot) -> None:
+def test_a_worker_counts_as_long_after_a_batch_as_the_batch_took(shared, clock,
+                                                                  in_slot) -> None:
     slow = cores.Threads(4)
     slow.calibrated, slow.parallel = cores.CALIBRATION, True
     with in_slot(slow, 0):
-        time.sleep(cores.LINGER * 3)
-    time.sleep(cores.LINGER * 1.5)  # past LINGER, not past its batch time
-    assert cores.busy_now(time.monotonic()) == 1
+        clock.now += cores.LINGER * 3
+    clock.now += cores.LINGER * 1.5  # past LINGER, not past its batch time
+    assert cores.busy_now(clock.now) == 1
+    clock.now += cores.LINGER * 1.5
+    assert cores.busy_now(clock.now) == 0
 
 
-def test_the_zygote_releases_the_slot_of_a_worker_that_exited(shared, in_slot) -> None:
+def test_a_released_slot_counts_no_more_and_is_taken_again_first(shared, in_slot) -> None:
     threads = cores.Threads(4)
     threads.calibrated, threads.parallel = cores.CALIBRATION, True
     with pytest.raises(RuntimeError), in_slot(threads, 3):
@@ -106,6 +130,26 @@ def test_a_worker_without_a_slot_runs_parallel_batches_on_one_thread(shared) -> 
     threads.calibrated, threads.parallel = cores.CALIBRATION, True
     with threads.batch():  # past SLOTS: it cannot count itself, so it takes no other's core
         assert threads.now == 1
+
+
+def test_the_zygote_clears_the_slot_of_a_worker_killed_mid_batch(shared) -> None:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a worker marks itself running, then dies without a word
+        cores._until[2] = float("inf")
+        os.write(write, b"1")
+        os.kill(os.getpid(), 9)
+    os.read(read, 1)
+    ours, theirs = socket.socketpair()
+    try:
+        children, by_id, slots = {pid: "w"}, {"w": pid}, {pid: 2}
+        while children:  # what the zygote does when SIGCHLD wakes it
+            zygote._reap(ours, children, by_id, slots)
+        assert cores.busy_now(time.monotonic()) == 0 and slots == {}
+        assert b'"exited": "w"' in theirs.recv(4096)
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def test_forked_workers_count_in_the_same_table(shared) -> None:
