@@ -10,7 +10,9 @@ a helper thread whose result the loop picks up, and replies that must wait (a sy
 register or scale) are kept as ``Waiter``s and answered when they can be.
 
 Per request the controller reads only the route header and forwards payload frames as they are;
-the answers of one turn leave at its end, one message per frontend (:meth:`send_answers`).
+the answers of one turn leave at its end, one message per frontend (:meth:`send_answers`). A
+worker that could send its answers to their frontends itself says so with ANSWERED: the
+controller does its bookkeeping and forwards nothing (``frontend_links.py``).
 """
 
 from __future__ import annotations
@@ -207,7 +209,7 @@ class Controller:
                 self.answer(action.fid, action.result)
             elif type(action) is SendBatch:
                 self.back.send_multipart([action.worker.identity, *protocol.batch(
-                    (p.rid, p.explain, p.frames) for p in action.requests)])
+                    (p.rid, p.explain, p.fid, p.frames) for p in action.requests)])
             elif type(action) is Refuse:
                 self.answer(action.fid, Reply.error(action.error).result(action.rid))
             elif type(action) is KillWorker:
@@ -314,8 +316,11 @@ class Controller:
         if worker is None:
             log.warning("message %r from unknown worker %r dropped", kind, identity)
             return
-        if kind == protocol.DONE:
-            self.perform(self.scheduler.finished(worker, protocol.parse_results(frames[2:]), now))
+        if kind == protocol.DONE or kind == protocol.ANSWERED:
+            answered = kind == protocol.ANSWERED  # the worker sent the frontends the answers
+            results = (protocol.parse_answered(frames[2:]) if answered
+                       else protocol.parse_results(frames[2:]))
+            self.perform(self.scheduler.finished(worker, results, now, answered))
             if worker.stop_requested and not self.scheduler.is_busy(worker):
                 self.supervisor.finish_stop(worker)
         elif kind == protocol.CHUNK:  # streamed parts: forwarded, their requests stay open

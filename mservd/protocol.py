@@ -18,8 +18,10 @@ to it and forwarded as the same bytes::
     worker -> controller    READY    | MSV1H | {"pid"} |
                             FAILED   | MSV1F | {"message", "traceback"} |
                             DONE     | MSV1D | rid | head | body | rid | head | body | ... |
+                            ANSWERED | MSV1A | rid | head | rid | head | ... |
                             CHUNK    | MSV1C | rid | head | body | rid | ... |
                             METRICS  | MSV1Q | [[name, value, unit, kind, {dim: value}], ...] |
+    worker -> frontend      REPLY    | MSV1R | rid | head | body | ... |   (answers sent directly)
 
     route = [rid, model, version or None, token or None, timeout_ms or None, explain, sent,
              inputs]
@@ -28,7 +30,8 @@ to it and forwarded as the same bytes::
             inputs: how many payload frames follow the meta, so the controller finds the next
             request of the message without reading the meta)
     meta  = [codec, [[name, content_type], ...], {header: value}]
-    job   = [rid, explain]                   (the route's two fields a worker needs)
+    job   = [rid, explain, fid]   (the route's two fields a worker needs, and the frontend
+                                   that asked: the controller's name for it)
     head  = [status, content_type, {header: value}]
 
 Messages are coalesced where a process has several to send at once: a frontend sends every
@@ -37,6 +40,13 @@ finished for a frontend in one REPLY (and sends its streamed parts in one CHUNK)
 answers a whole batch in one DONE and sends the parts of one generation step in one CHUNK. A
 message costs each process it passes a wake-up of ZeroMQ's I/O thread and its own, whatever
 it holds.
+
+A worker answers a finished batch to its frontends itself when it can: a frontend that binds a
+reply socket (``reply_endpoint``) is known to the controller by that socket's address, so the
+worker that reads it in a job connects there and sends the frontend its answers as a REPLY,
+then tells the controller with ANSWERED (the heads alone: the controller counts the statuses
+and forwards nothing). An answer then passes one process fewer. Streamed answers, and any
+batch whose frontend the worker cannot reach yet, go back in a DONE through the controller.
 
 ``explain`` travels in the route alone: the controller never batches an explanation with a
 prediction, and the worker shows it to the handler as TorchServe does (an ``explain`` header).
@@ -64,10 +74,11 @@ STOP = MAGIC + b"S"
 READY = MAGIC + b"H"
 FAILED = MAGIC + b"F"
 DONE = MAGIC + b"D"
+ANSWERED = MAGIC + b"A"
 METRICS = MAGIC + b"Q"
 
 KINDS = frozenset({PREDICT, MANAGE, CANCEL, REPLY, CHUNK, BATCH, STOP, READY, FAILED, DONE,
-                   METRICS})
+                   ANSWERED, METRICS})
 
 # A worker's METRICS sample of the device memory it holds (the controller keeps it on the
 # worker's handle for describe and the dashboard, not as a handler metric)
@@ -188,7 +199,9 @@ def parse_route(frame: bytes) -> Route:
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One request as a worker sees it: id, codec, inputs' names and types, headers, payloads."""
+    """One request as a worker sees it: id, codec, inputs' names and types, headers, payloads,
+    and the frontend that asked (``fid``: a reply endpoint, or a name only the controller
+    knows)."""
 
     rid: bytes
     codec: str
@@ -196,21 +209,24 @@ class Request:
     headers: dict[str, str]
     payloads: list[bytes]
     explain: bool = False
+    fid: bytes = b""
 
 
-def batch(requests: Iterable[tuple[bytes, bool, Sequence[bytes]]]) -> list[bytes]:
-    """The BATCH message of (rid, explain, [meta, payloads...]) as the controller holds them."""
+def batch(requests: Iterable[tuple[bytes, bool, bytes, Sequence[bytes]]]) -> list[bytes]:
+    """The BATCH message of (rid, explain, fid, [meta, payloads...]) as the controller holds
+    them."""
     frames = [BATCH]
-    for rid, explain, parts in requests:
-        frames.append(packb([rid, explain]))
+    for rid, explain, fid, parts in requests:
+        frames.append(packb([rid, explain, fid]))
         frames.extend(parts)
     return frames
 
 
 def batch_of(requests: Iterable[Request]) -> list[bytes]:
     """The BATCH message of whole requests (``mservd run-handler`` and tests build one)."""
-    return batch((r.rid, r.explain, [packb([r.codec, [list(i) for i in r.inputs], r.headers]),
-                                     *r.payloads]) for r in requests)
+    return batch((r.rid, r.explain, r.fid,
+                  [packb([r.codec, [list(i) for i in r.inputs], r.headers]), *r.payloads])
+                 for r in requests)
 
 
 def parse_batch(frames: Sequence[bytes]) -> list[Request]:
@@ -222,21 +238,49 @@ def parse_batch(frames: Sequence[bytes]) -> list[Request]:
             raise ProtocolError("batch ends inside a request")
         job = unpackb(frames[i])
         meta = unpackb(frames[i + 1])
-        if not (isinstance(job, list) and len(job) == 2 and isinstance(job[0], bytes)):
-            raise ProtocolError("a batch's job header must be [rid, explain]")
+        if not (isinstance(job, list) and len(job) == 3 and isinstance(job[0], bytes)
+                and isinstance(job[2], bytes)):
+            raise ProtocolError("a batch's job header must be [rid, explain, fid]")
         if not (isinstance(meta, list) and len(meta) == 3 and meta[0] in CODECS
                 and isinstance(meta[1], list) and isinstance(meta[2], dict)):
             raise ProtocolError("a request's meta header must be [codec, inputs, headers]")
-        rid, explain = job
+        rid, explain, fid = job
         codec, inputs, headers = meta
         count = len(inputs)
         payloads = list(frames[i + 2 : i + 2 + count])
         if len(payloads) != count:
             raise ProtocolError(f"request {rid!r} announces {count} inputs, batch has fewer")
         requests.append(Request(rid, codec, [(str(a), str(b)) for a, b in inputs], headers,
-                                payloads, bool(explain)))
+                                payloads, bool(explain), fid))
         i += 2 + count
     return requests
+
+
+# -- direct answers: a frontend's reply socket --------------------------------------------------
+
+REPLY_SOCKET = "reply-"  # a frontend's reply socket is <run dir>/reply-<pid>-<random>.sock
+
+
+def run_dir_of(endpoint: str) -> str | None:
+    """The folder of an ``ipc://`` endpoint of the controller's (None for any other
+    transport: its frontends then get no reply socket and every answer passes the controller)."""
+    if not endpoint.startswith("ipc://"):
+        return None
+    folder, _, _ = endpoint[len("ipc://"):].rpartition("/")
+    return folder or None
+
+
+def reply_endpoint(controller: str, pid: int, tag: str) -> str | None:
+    """Where a frontend of the controller at ``controller`` binds its reply socket."""
+    folder = run_dir_of(controller)
+    return None if folder is None else f"ipc://{folder}/{REPLY_SOCKET}{pid}-{tag}.sock"
+
+
+def reply_prefix(backend: str) -> bytes | None:
+    """What every reply endpoint of the controller whose worker socket is ``backend`` starts
+    with: a worker connects to no other address a job names."""
+    folder = run_dir_of(backend)
+    return None if folder is None else f"ipc://{folder}/{REPLY_SOCKET}".encode()
 
 
 # -- answers: DONE from a worker, REPLY and CHUNK to a frontend --------------------------------
@@ -278,6 +322,22 @@ class Result:
 def done(results: Iterable[Result]) -> list[bytes]:
     """A worker's answers to (some of) the requests it runs."""
     return _results(DONE, results)
+
+
+def answered(results: Iterable[Result]) -> list[bytes]:
+    """A worker's word that it sent these answers to their frontends itself: ids and heads,
+    for the controller's bookkeeping, without the bodies."""
+    frames = [ANSWERED]
+    for result in results:
+        frames += [result.rid, result.head]
+    return frames
+
+
+def parse_answered(frames: Sequence[bytes]) -> list[Result]:
+    """The answers of an ANSWERED message (without its kind frame), bodies empty."""
+    if len(frames) % 2:
+        raise ProtocolError("an ANSWERED message must be rid, head pairs")
+    return [Result(frames[i], frames[i + 1], b"") for i in range(0, len(frames), 2)]
 
 
 def replies(results: Iterable[Result]) -> list[bytes]:

@@ -297,17 +297,18 @@ class Scheduler:
             running.deadline = now + running.mv.settings.response_timeout
         return pending.fid
 
-    def finished(self, worker: Worker, results: list[protocol.Result],
-                 now: float) -> list[Action]:
+    def finished(self, worker: Worker, results: list[protocol.Result], now: float,
+                 answered: bool = False) -> list[Action]:
         """A worker's DONE: each answer to its frontend, a missing one as an error; then the
-        worker's next batch. A continuous worker's DONE answers only the requests that
+        worker's next batch. ``answered`` (ANSWERED): the worker sent the answers itself, so
+        they are only counted. A continuous worker's DONE answers only the requests that
         finished; the others run on."""
         running = self.running.get(worker.id)
         if running is None:
             return []
         mv = running.mv
         if mv.settings.continuous_batching:
-            return self._finished_some(worker, running, results, now)
+            return self._finished_some(worker, running, results, now, answered)
         del self.running[worker.id]
         vm = self.metrics.version(mv.key)
         vm.batch.observe(len(running.requests))
@@ -324,7 +325,8 @@ class Scheduler:
         for result in results:
             pending = running.requests.pop(result.rid, None)
             if pending is not None:
-                actions.append(Forward(pending.fid, result))
+                if not answered:
+                    actions.append(Forward(pending.fid, result))
                 latency = now - pending.arrived
                 vm.latency.observe(latency)
                 vm.latency_us.inc(latency * 1e6)
@@ -335,14 +337,15 @@ class Scheduler:
         return actions + self.dispatch(mv, now)
 
     def _finished_some(self, worker: Worker, running: Running, results: list[protocol.Result],
-                       now: float) -> list[Action]:
+                       now: float, answered: bool) -> list[Action]:
         vm = self.metrics.version(running.mv.key)
         actions: list[Action] = []
         for result in results:
             pending = running.requests.pop(result.rid, None)
             if pending is None:
                 continue  # cancelled meanwhile
-            actions.append(Forward(pending.fid, result))
+            if not answered:
+                actions.append(Forward(pending.fid, result))
             latency = now - pending.arrived
             vm.latency.observe(latency)
             vm.latency_us.inc(latency * 1e6)

@@ -26,6 +26,7 @@ from mservd import codecs, protocol
 from mservd.codecs import CODECS, Call
 from mservd.continuous import serve_continuous
 from mservd.cores import Threads
+from mservd.frontend_links import FrontendLinks
 from mservd.lifeline import EXIT_LOAD_FAILED, die_with_parent, parent_changed
 from mservd.log_format import formatter, log_to_stderr
 from mservd.specs import WorkerSpec
@@ -186,11 +187,13 @@ def install_model_requirements(model_dir: str, manifest: dict[str, Any]) -> str 
     return target
 
 
-def attach_stream(context, sock, max_response_size: int) -> None:
+def attach_stream(context, sock, max_response_size: int,
+                  streamed: set[bytes] | None = None) -> None:
     """Let the handler stream: ``send_intermediate`` sends one CHUNK for a request at once.
 
     Set once per worker; a plain batch pays nothing for it. The chunk is encoded like a final
-    answer of its request's protocol.
+    answer of its request's protocol. Each request that streamed goes into ``streamed``: its
+    parts went through the controller, so its final answer must follow them there.
     """
     def send_chunk(idx: int, item: Any) -> None:
         call, codec = context.calls[idx]
@@ -198,6 +201,8 @@ def attach_stream(context, sock, max_response_size: int) -> None:
         part = codec.encode_part(Call(call.rows, idx, call.state), item, context,
                                  max_response_size)
         if part is not None:
+            if streamed is not None:
+                streamed.add(rid)
             sock.send_multipart(protocol.chunks([protocol.Result(rid, *part)]))
 
     context.stream_callback = send_chunk
@@ -205,20 +210,27 @@ def attach_stream(context, sock, max_response_size: int) -> None:
 
 def run_batch(handler, context, frames: list[bytes], max_response_size: int,
               raise_failure: bool = False) -> list[bytes]:
-    """Run one BATCH message through the handler; the DONE message, one answer per request.
+    """Run one BATCH message through the handler; the DONE message, one answer per request."""
+    return protocol.done(answer_batch(handler, context, protocol.parse_batch(frames),
+                                      max_response_size, raise_failure))
+
+
+def answer_batch(handler, context, requests: list[protocol.Request], max_response_size: int,
+                 raise_failure: bool = False) -> list[protocol.Result]:
+    """Run a batch's requests through the handler; one answer per request.
 
     Each request's codec turns it into rows of the handler's batch and the handler's outputs
     for those rows into its answer. A request whose payload cannot be decoded is answered 400
     at once and left out; a handler that fails fails its batch only (``raise_failure``: its
     exception is raised instead, for ``mservd run-handler`` to show).
     """
-    running, results = codecs.decode(protocol.parse_batch(frames), context)
+    running, results = codecs.decode(requests, context)
     rows: list[dict[str, Any]] = []
     for _, _, call in running:
         call.first = len(rows)
         rows.extend(call.rows)
     if not running:
-        return protocol.done(results)
+        return results
     context.calls = [(call, codec) for _, codec, call in running for _ in call.rows]
     context.v2_requests = [call.state if codec is CODECS[protocol.CODEC_V2] else None
                            for call, codec in context.calls]  # read by handlers.v2
@@ -245,12 +257,12 @@ def run_batch(handler, context, frames: list[bytes], max_response_size: int,
         log.error("batch of requests %s failed (%s): %s", ids, type_, message, exc_info=True)
         for request, codec, _ in running:
             results.append(protocol.Result(request.rid, *codec.error(status, type_, message)))
-        return protocol.done(results)
+        return results
     for request, codec, call in running:
         mine = list(outputs[call.first:call.first + len(call.rows)])
         results.append(protocol.Result(request.rid,
                                        *codec.encode(call, mine, context, max_response_size)))
-    return protocol.done(results)
+    return results
 
 
 def _tag_output(requests: str) -> None:
@@ -336,11 +348,13 @@ def serve(spec: WorkerSpec) -> int:
     log.info("worker %s ready: model %s version %s loaded in %.2f s", spec.worker_id,
              spec.model_name, spec.version, time.monotonic() - began)
     max_response_size = spec.max_response_size
-    attach_stream(context, sock, max_response_size)
+    streamed: set[bytes] = set()  # this batch's requests that streamed parts
+    attach_stream(context, sock, max_response_size, streamed)
     threads = Threads(spec.threads)
     if spec.continuous_batching:  # the model's settings say so: the scheduler agrees
         return serve_continuous(sock, handler, context, spec.worker_id, parent,
                                 max_response_size, ship_metrics, threads)
+    links = FrontendLinks(zctx, spec.endpoint)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     shipped = time.monotonic()
@@ -359,9 +373,14 @@ def serve(spec: WorkerSpec) -> int:
         if kind != protocol.BATCH:
             log.error("worker dropped a message of kind %r", kind[:8])
             continue
+        streamed.clear()
         try:
+            requests = protocol.parse_batch(frames[1:])
             with threads.batch():
-                reply = run_batch(handler, context, frames[1:], max_response_size)
+                results = answer_batch(handler, context, requests, max_response_size)
+            # straight to the frontends that asked, when they all can be reached
+            reply = (protocol.answered(results) if links.deliver(requests, results, streamed)
+                     else protocol.done(results))
         except protocol.ProtocolError as exc:
             log.error("worker dropped a malformed batch: %s", exc)
             continue

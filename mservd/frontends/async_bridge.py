@@ -6,12 +6,19 @@ future that the reader task resolves by request id. A streamed answer's parts ar
 instead. The requests of one turn of the event loop leave as one PREDICT message at its end, and
 the controller's REPLY may answer several at once: a message costs a wake-up of each process it
 passes, however many requests it carries. The frontend keeps no other state.
+
+Beside it the bridge binds a PULL socket, its *reply socket*, in the daemon's run folder, and
+names itself to the controller by that address: workers send their answers there directly
+(``mservd/frontend_links.py``), one process fewer on the way back. Both sockets are read alike.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import secrets
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -40,6 +47,8 @@ class AsyncBridge:
         self.endpoint = endpoint
         self._ctx: zmq.Context | None = None
         self._sock: Any = None
+        self._replies: Any = None  # the reply socket workers answer on, once bound
+        self._replies_path = ""  # ... and its file, removed on close (ZeroMQ leaves it)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[bytes, asyncio.Future | asyncio.Queue] = {}
         self._drain_scheduled = False
@@ -48,15 +57,41 @@ class AsyncBridge:
     def _socket(self) -> Any:
         if self._sock is None:
             self._ctx = zmq.Context()
+            self._loop = asyncio.get_running_loop()
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
+            address = self._bind_replies()
+            if address is not None:  # the controller knows this frontend by it
+                sock.setsockopt(zmq.ROUTING_ID, address.encode())
             sock.connect(self.endpoint)
             self._sock = sock
-            self._loop = asyncio.get_running_loop()
             self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
         return self._sock
+
+    def _bind_replies(self) -> str | None:
+        """Bind the reply socket; its address, or None where there is none (the controller
+        is not on ``ipc://``, or the path is too long): answers then all come back through the
+        controller."""
+        address = protocol.reply_endpoint(self.endpoint, os.getpid(), secrets.token_hex(4))
+        if address is None:
+            return None
+        assert self._ctx is not None and self._loop is not None
+        replies = self._ctx.socket(zmq.PULL)
+        replies.setsockopt(zmq.LINGER, 0)
+        replies.setsockopt(zmq.RCVHWM, 0)
+        try:
+            replies.bind(address)
+        except zmq.ZMQError as exc:
+            log.warning("no reply socket at %s (%s): answers come through the controller",
+                        address, exc)
+            replies.close(linger=0)
+            return None
+        self._replies = replies
+        self._replies_path = address[len("ipc://"):]
+        self._loop.add_reader(replies.getsockopt(zmq.FD), self._drain)
+        return address
 
     def _send(self, frames: list[bytes]) -> None:
         """Predictions wait for the end of this turn of the loop (:meth:`_flush`); anything
@@ -81,23 +116,29 @@ class AsyncBridge:
         self._check_pending()
 
     def _check_pending(self) -> None:
-        if (not self._drain_scheduled and self._sock is not None
-                and self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN):
+        if self._drain_scheduled or self._sock is None:
+            return
+        if (self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN
+                or self._replies is not None and self._replies.getsockopt(zmq.EVENTS) & zmq.POLLIN):
             self._drain_scheduled = True
             assert self._loop is not None
             self._loop.call_soon(self._drain)
 
     def _drain(self) -> None:
+        """Answers from the controller and from workers, bounded per turn so that
+        connections are served between."""
         self._drain_scheduled = False
-        sock = self._sock
-        if sock is None:
+        if self._sock is None:
             return
-        for _ in range(1000):  # bounded per turn, so connections are served between
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._deliver(frames)
+        for sock in (self._sock, self._replies):
+            if sock is None:
+                continue
+            for _ in range(1000):
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._deliver(frames)
         self._check_pending()
 
     def _deliver(self, frames: list[bytes]) -> None:
@@ -207,6 +248,13 @@ class AsyncBridge:
                                timeout)
 
     def close(self) -> None:
+        if self._replies is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._replies.getsockopt(zmq.FD))
+            self._replies.close(linger=0)
+            self._replies = None
+            with contextlib.suppress(OSError):
+                os.unlink(self._replies_path)
         if self._sock is not None:
             if self._loop is not None:
                 self._loop.remove_reader(self._sock.getsockopt(zmq.FD))

@@ -252,11 +252,14 @@ def test_a_killed_http_worker_is_replaced_by_gunicorn_and_counted(daemon_factory
 
     daemon = daemon_factory({"load_models": "echo.mar"})  # one HTTP worker: none is left
     [worker] = http_workers(daemon)
+    for i in range(3):  # the model's worker now answers this HTTP worker's reply socket
+        assert daemon.predict("echo", json={"before": i}).json()["echo"] == {"before": i}
     os.kill(worker.pid, signal.SIGKILL)
     wait_until(lambda: [w.pid for w in http_workers(daemon)] not in ([], [worker.pid]), 30,
                "gunicorn to start another worker")
     wait_until(lambda: answers_ping(daemon), 30, "the inference port answering again")
-    assert daemon.predict("echo", json={"after": "restart"}).json()["echo"] == {"after": "restart"}
+    for i in range(3):  # ... and finds the new one's
+        assert daemon.predict("echo", json={"after": i}).json()["echo"] == {"after": i}
     assert daemon.manage("GET", "/models").status_code == 200
     assert f"Worker (pid:{worker.pid}) was sent SIGKILL" in (
         daemon.log_dir / "frontend.log").read_text()

@@ -8,6 +8,7 @@ import asyncio
 import zmq
 
 from mservd import protocol
+from mservd.frontend_links import FrontendLinks
 from mservd.frontends.async_bridge import AsyncBridge
 
 
@@ -16,13 +17,19 @@ def request(rid: bytes) -> list[bytes]:
                                [("body", "text/plain")], {}, [b"payload of " + rid])
 
 
+def controller_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    """A ROUTER bound where the controller's frontend socket would be."""
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+    return router
+
+
 def test_bridge_sends_one_loop_turns_requests_as_one_message_and_takes_grouped_answers(
         tmp_path) -> None:
     endpoint = f"ipc://{tmp_path}/controller.sock"
     ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.bind(endpoint)
+    router = controller_socket(ctx, endpoint)
     received: list[list[bytes]] = []
 
     async def controller() -> None:
@@ -60,3 +67,74 @@ def test_bridge_sends_one_loop_turns_requests_as_one_message_and_takes_grouped_a
         == [(b"r1", [b"payload of r1"]), (b"r2", [b"payload of r2"]), (b"r3", [b"payload of r3"])]
     assert [(r.status, r.body) for r in replies] == [
         (200, b"answer to r1"), (200, b"answer to r2"), (200, b"answer to r3")]
+
+
+def test_a_worker_answers_the_frontend_on_its_reply_socket_and_the_controller_forwards_nothing(
+        tmp_path) -> None:
+    endpoint = f"ipc://{tmp_path}/frontend.sock"
+    ctx = zmq.Context()
+    router = controller_socket(ctx, endpoint)
+    links = FrontendLinks(ctx, f"ipc://{tmp_path}/backend.sock")  # a worker's, same run folder
+    fids: list[bytes] = []
+
+    async def controller_and_worker() -> None:
+        """Take the request as the controller does, then answer it as a worker: straight to
+        the frontend the controller knows it by (the first try may find it still connecting)."""
+        while not router.poll(0):
+            await asyncio.sleep(0.001)
+        fid, *frames = router.recv_multipart()
+        fids.append(fid)
+        [(route, _)] = protocol.parse_predictions(frames[1:])
+        job = protocol.Request(route.rid, protocol.CODEC_TORCHSERVE, [], {}, [], fid=fid)
+        answer = protocol.Result(route.rid, protocol.head(200, "text/plain"), b"direct")
+        for _ in range(400):
+            if links.deliver([job], [answer]):
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError("the worker never reached the frontend's reply socket")
+
+    async def main() -> protocol.Reply:
+        bridge = AsyncBridge(endpoint)
+        try:
+            answering = asyncio.ensure_future(controller_and_worker())
+            reply = await bridge.call(b"r1", request(b"r1"), 5.0)
+            await answering
+            return reply
+        finally:
+            bridge.close()
+
+    try:
+        reply = asyncio.run(main())
+        assert not router.poll(50)  # nothing more came for the controller to answer
+    finally:
+        links.close()
+        router.close()
+        ctx.term()
+    assert (reply.status, reply.content_type, reply.body) == (200, "text/plain", b"direct")
+    [fid] = fids
+    assert fid.startswith(f"ipc://{tmp_path}/reply-".encode())
+    assert not list(tmp_path.glob("reply-*"))  # the frontend's reply socket went with it
+
+
+def test_a_worker_sends_no_answer_directly_that_must_pass_the_controller(tmp_path) -> None:
+    ctx = zmq.Context()
+    links = FrontendLinks(ctx, f"ipc://{tmp_path}/backend.sock")
+    answer = protocol.Result(b"r", protocol.head(200), b"{}")
+
+    def job(fid: bytes) -> protocol.Request:
+        return protocol.Request(b"r", protocol.CODEC_TORCHSERVE, [], {}, [], fid=fid)
+
+    try:
+        # a frontend outside this daemon's run folder, or one known by a name only
+        assert not links.deliver([job(b"ipc:///elsewhere/reply-1-x.sock")], [answer])
+        assert not links.deliver([job(b"\x00k\x8b\x45g")], [answer])
+        assert not links.links  # no socket was even opened for them
+        # a streamed answer: its parts went through the controller, its end must follow them
+        fid = f"ipc://{tmp_path}/reply-1-x.sock".encode()
+        assert not links.deliver([job(fid)], [answer], streamed={b"r"})
+        assert not links.links
+        # a frontend that is not (or no longer) there
+        assert not links.deliver([job(fid)], [answer])
+    finally:
+        links.close()
+        ctx.term()

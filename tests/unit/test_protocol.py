@@ -71,17 +71,21 @@ def test_protocol_controller_batch_forwards_the_predictions_meta_and_payloads() 
     sent = protocol.prediction(b"r", "m", None, None, protocol.CODEC_TORCHSERVE,
                                [("body", "text/plain")], {}, [b"hi"], explain=True)
     route = protocol.parse_route(sent[1])
-    [request] = protocol.parse_batch(protocol.batch([(route.rid, route.explain, sent[2:])])[1:])
-    assert (request.rid, request.explain, request.payloads) == (b"r", True, [b"hi"])
+    [request] = protocol.parse_batch(
+        protocol.batch([(route.rid, route.explain, b"frontend", sent[2:])])[1:])
+    assert (request.rid, request.explain, request.fid, request.payloads) == (
+        b"r", True, b"frontend", [b"hi"])
 
 
 @pytest.mark.parametrize("frames", [
-    [protocol.packb([b"r1", False]),
+    [protocol.packb([b"r1", False, b""]),
      protocol.packb(["torchserve", [["a", "x"], ["b", "y"]], {}]), b"only-one"],
-    [protocol.packb([b"r1", False])],
-    [protocol.packb([b"r1", False]), b"\xc1not msgpack"],
-    [protocol.packb([b"r1", False]), protocol.packb(["no-such-codec", [], {}])],
+    [protocol.packb([b"r1", False, b""])],
+    [protocol.packb([b"r1", False, b""]), b"\xc1not msgpack"],
+    [protocol.packb([b"r1", False, b""]), protocol.packb(["no-such-codec", [], {}])],
     [b"r1", protocol.packb(["torchserve", [], {}])],
+    [protocol.packb([b"r1", False]), protocol.packb(["torchserve", [], {}])],
+    [protocol.packb([b"r1", False, "not bytes"]), protocol.packb(["torchserve", [], {}])],
 ])
 def test_protocol_malformed_batch_is_a_protocol_error(frames) -> None:
     with pytest.raises(protocol.ProtocolError):
@@ -104,6 +108,29 @@ def test_protocol_results_round_trip_through_done_reply_and_chunk() -> None:
     assert (reply.status, reply.content_type, reply.body) == (200, "text/plain", b"A")
     with pytest.raises(protocol.ProtocolError):
         protocol.parse_results([b"a", b"head"])
+
+
+def test_protocol_answered_carries_ids_and_heads_without_bodies() -> None:
+    results = [protocol.Result(b"a", protocol.head(200), b"a big body"),
+               protocol.Result(b"b", protocol.head(503), b"{}")]
+    frames = protocol.answered(results)
+    assert protocol.kind_of(frames) == protocol.ANSWERED
+    assert frames[1:] == [b"a", results[0].head, b"b", results[1].head]
+    assert protocol.parse_answered(frames[1:]) == [
+        protocol.Result(b"a", results[0].head, b""), protocol.Result(b"b", results[1].head, b"")]
+    with pytest.raises(protocol.ProtocolError):
+        protocol.parse_answered([b"a"])
+
+
+def test_protocol_reply_sockets_live_in_the_controllers_run_folder() -> None:
+    address = protocol.reply_endpoint("ipc:///tmp/mservd-x/frontend.sock", 42, "ab12")
+    assert address == "ipc:///tmp/mservd-x/reply-42-ab12.sock"
+    prefix = protocol.reply_prefix("ipc:///tmp/mservd-x/backend.sock")
+    assert address.encode().startswith(prefix)
+    assert not b"ipc:///tmp/other/reply-1-x.sock".startswith(prefix)
+    # a controller on TCP gives its frontends no reply socket, and its workers none to use
+    assert protocol.reply_endpoint("tcp://127.0.0.1:5555", 42, "ab12") is None
+    assert protocol.reply_prefix("tcp://127.0.0.1:5556") is None
 
 
 def test_protocol_management_calls_and_worker_reports_round_trip() -> None:

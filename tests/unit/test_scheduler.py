@@ -241,6 +241,17 @@ def test_scheduler_forwards_answers_to_the_frontend_that_asked() -> None:
     assert forward == Forward(b"frontend-2", ok(b"a"))
 
 
+def test_scheduler_counts_answers_a_worker_sent_itself_and_forwards_none() -> None:
+    s, mv = setup(batch_size=2)
+    s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
+    s.submit(FRONTEND, route(b"b", 0.0), [], now=0.0)  # queued behind a's batch
+    [worker] = mv.workers.values()
+    sent = [protocol.Result(b"a", protocol.head(200), b"")]  # ANSWERED: heads, no bodies
+    [next_batch] = s.finished(worker, sent, now=0.1, answered=True)
+    assert isinstance(next_batch, SendBatch) and [p.rid for p in next_batch.requests] == [b"b"]
+    assert s.metrics.version(mv.key).answers == {200: 1} and s.metrics.classes["2XX"] == 1
+
+
 def test_scheduler_drops_a_queued_request_whose_client_went_away() -> None:
     s, mv = setup(batch_size=1)
     s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
