@@ -47,6 +47,8 @@ from mservd.waiter import Waiter
 
 log = logging.getLogger(__name__)
 
+# plain ints: pyzmq's flag enums cost an enum operation each time they are combined
+EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 MAINTENANCE_INTERVAL = 0.1  # seconds between reaping/timeout sweeps under load
 IDLE_POLL = 1.0
 
@@ -150,7 +152,8 @@ class Controller:
                 if zygote_fd >= 0:
                     poller.register(zygote_fd, zmq.POLLIN)
             now = time.monotonic()
-            timeout = max(0.0, self.next_wakeup(now) - now)
+            due = self.scheduler.next_wakeup(float("inf"))  # when tick has work, at the soonest
+            timeout = max(0.0, min(due, self.upkeep_by(now)) - now)
             events = dict(poller.poll(timeout * 1000.0))
             if zygote_fd in events:
                 zygote.read_reports()
@@ -164,7 +167,7 @@ class Controller:
                 self._last_maintenance = now
                 self.maintain(now)
                 watch_frontends(now)
-            else:
+            elif now >= due:  # what came this turn was dispatched as it came
                 self.perform(self.scheduler.tick(now))
             if not self.stopping and should_stop():
                 self.begin_stop(now)
@@ -173,10 +176,13 @@ class Controller:
                 break
 
     def _drain(self, sock: zmq.Socket, handle: Callable[[list[bytes], float], None]) -> None:
-        """Handle every message waiting on ``sock`` without blocking (bounded per turn)."""
+        """Handle every message waiting on ``sock`` without blocking (bounded per turn). The
+        socket is asked whether one waits: cheaper than the zmq.Again a recv would raise."""
         for _ in range(256):
+            if not sock.getsockopt(EVENTS) & POLLIN:
+                return
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(NOBLOCK)
             except zmq.Again:
                 return
             try:
@@ -187,10 +193,10 @@ class Controller:
                 log.exception("dropped a message from %r that could not be handled",
                               frames[0][:16] if frames else b"")
 
-    def next_wakeup(self, now: float) -> float:
-        return self.scheduler.next_wakeup(
-            now + (MAINTENANCE_INTERVAL if (self.tasks or self.waiters or self.stopping)
-                   else IDLE_POLL))
+    def upkeep_by(self, now: float) -> float:
+        """When the loop wakes for upkeep if nothing comes: soon while something waits on it."""
+        return now + (MAINTENANCE_INTERVAL if (self.tasks or self.waiters or self.stopping)
+                      else IDLE_POLL)
 
     def maintain(self, now: float) -> None:
         self.finish_tasks()

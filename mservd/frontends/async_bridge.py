@@ -30,6 +30,7 @@ from mservd.frontends.bridge import ClientGone, ControllerGone
 from mservd.protocol import Reply
 
 log = logging.getLogger(__name__)
+EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
 def _time_out(waiter: asyncio.Future) -> None:
@@ -118,8 +119,8 @@ class AsyncBridge:
     def _check_pending(self) -> None:
         if self._drain_scheduled or self._sock is None:
             return
-        if (self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN
-                or self._replies is not None and self._replies.getsockopt(zmq.EVENTS) & zmq.POLLIN):
+        if (self._sock.getsockopt(EVENTS) & POLLIN
+                or self._replies is not None and self._replies.getsockopt(EVENTS) & POLLIN):
             self._drain_scheduled = True
             assert self._loop is not None
             self._loop.call_soon(self._drain)
@@ -133,12 +134,10 @@ class AsyncBridge:
         for sock in (self._sock, self._replies):
             if sock is None:
                 continue
-            for _ in range(1000):
-                try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
+            for _ in range(1000):  # asking the socket is cheaper than a zmq.Again raised
+                if not sock.getsockopt(EVENTS) & POLLIN:
                     break
-                self._deliver(frames)
+                self._deliver(sock.recv_multipart(NOBLOCK))
         self._check_pending()
 
     def _deliver(self, frames: list[bytes]) -> None:
