@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.render:
-        from benchmarks.report import medians, render
+        from benchmarks.report import render
 
         results = json.loads(args.render.read_text())
         if results.get("rounds"):  # the medians as report.py takes them now
