@@ -3,7 +3,7 @@
 This module owns the debugging path a handler author uses before serving: unpack the archive,
 build the same :class:`handlers.Context` a worker builds, load and initialize the handler, run
 one batch made of the given inputs through the worker's own batch path
-(:func:`mservd.worker.run_batch`: the same rows, encodings and errors as when served), and print
+(:func:`mservd.worker.answer_batch`: the same rows, encodings and errors as when served), and print
 each answer and how long each phase took. It starts no processes and opens no sockets; a
 handler that raises is shown with its traceback instead of answered 500.
 
@@ -173,13 +173,13 @@ def run_batch(archive: Path, inputs: list[Input], clock: PhaseClock) -> Outcome:
                         for item in inputs]
             phase = "handle"
             with clock.phase("handle"):
-                done = worker.run_batch(loaded, context, protocol.batch_of(requests)[1:],
-                                        MAX_RESPONSE_SIZE, raise_failure=True)
+                answers = worker.answer_batch(loaded, context, requests, MAX_RESPONSE_SIZE,
+                                              raise_failure=True)
         except worker.BatchShapeError as exc:
             raise click.ClickException(f"handler failed in handle: {exc}") from None
         except Exception as exc:  # noqa: BLE001 -- any failure of user code is the report
             raise HandlerFailed(clock.failed_in or phase, exc) from None
-        results = {r.rid: r for r in protocol.parse_results(done[1:])}
+        results = {r.rid: r for r in answers}
         outputs = [_describe(idx, results[request.rid]) for idx, request in enumerate(requests)]
         return Outcome(manifest.model_name, inputs, outputs, clock.seconds)
 

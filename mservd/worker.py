@@ -208,13 +208,6 @@ def attach_stream(context, sock, max_response_size: int,
     context.stream_callback = send_chunk
 
 
-def run_batch(handler, context, frames: list[bytes], max_response_size: int,
-              raise_failure: bool = False) -> list[bytes]:
-    """Run one BATCH message through the handler; the DONE message, one answer per request."""
-    return protocol.done(answer_batch(handler, context, protocol.parse_batch(frames),
-                                      max_response_size, raise_failure))
-
-
 def answer_batch(handler, context, requests: list[protocol.Request], max_response_size: int,
                  raise_failure: bool = False) -> list[protocol.Result]:
     """Run a batch's requests through the handler; one answer per request.

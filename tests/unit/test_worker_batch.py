@@ -6,7 +6,7 @@ import json
 
 from handlers.context import Context
 from mservd import protocol
-from mservd.worker import run_batch
+from mservd.worker import answer_batch
 
 
 class Echo:
@@ -37,11 +37,15 @@ def batch(*requests: tuple[bytes, str, bytes]) -> list[bytes]:
         for rid, content_type, body in requests)[1:]
 
 
-def answers(done: list[bytes]) -> dict[bytes, tuple[int, object]]:
+def run_batch(handler, context, frames: list[bytes], max_response_size: int):
+    """The BATCH's frames through the worker's path, as ``serve`` runs them."""
+    return answer_batch(handler, context, protocol.parse_batch(frames), max_response_size)
+
+
+def answers(results: list[protocol.Result]) -> dict[bytes, tuple[int, object]]:
     """rid -> (status, body): JSON bodies parsed, text ones as str."""
-    assert done[0] == protocol.DONE
     out = {}
-    for result in protocol.parse_results(done[1:]):
+    for result in results:
         head = protocol.Head.parse(result.head)
         body = result.body
         out[result.rid] = (head.status,
