@@ -12,7 +12,9 @@ register or scale) are kept as ``Waiter``s and answered when they can be.
 Per request the controller reads only the route header and forwards payload frames as they are;
 the answers of one turn leave at its end, one message per frontend (:meth:`send_answers`). A
 worker that could send its answers to their frontends itself says so with ANSWERED: the
-controller does its bookkeeping and forwards nothing (``frontend_links.py``).
+controller does its bookkeeping and forwards nothing (``frontend_links.py``). A worker left
+idle may be lent to a frontend, which then sends it requests itself (``leases.py``): the
+controller hears of those afterwards (SERVED).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from mservd import protocol, snapshot
 from mservd.auth import INFERENCE, MANAGEMENT, KeyStore
 from mservd.config import Settings
 from mservd.errors import MservdError, error_body
+from mservd.leases import Lend, Recall, Revoke
 from mservd.management import Management
 from mservd.metrics import Metrics
 from mservd.protocol import Reply
@@ -95,7 +98,9 @@ class Controller:
             worker_spec_extra={"max_response_size": settings.max_response_size,
                                "log_level": settings.log_level,
                                "log_format": settings.log_format,
-                               "install_py_dep_per_model": settings.install_py_dep_per_model},
+                               "install_py_dep_per_model": settings.install_py_dep_per_model,
+                               # a job socket only where leases are given (leases.py)
+                               "lendable": keys is None},
         )
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mservd-unpack")
         self.tasks: list[tuple[Future, Callable[[Future], None]]] = []
@@ -119,6 +124,9 @@ class Controller:
         self.zctx = zmq.Context()
         self.front = self._bind(zmq.ROUTER, self.frontend_endpoint)
         self.back = self._bind(zmq.ROUTER, self.backend_endpoint)
+        # lend idle workers only where no token is checked per request (this loop checks it)
+        self.scheduler.leases.enabled = self.keys is None
+        self.scheduler.leases.reply_prefix = protocol.reply_prefix(self.backend_endpoint)
         self.supervisor.start()
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
@@ -222,6 +230,13 @@ class Controller:
                 self.supervisor.kill_worker(action.worker, action.reason)
             elif type(action) is CancelRunning:
                 self.back.send_multipart([action.worker.identity, *protocol.cancel(action.rid)])
+            elif type(action) is Lend:
+                self.front.send_multipart([action.fid, *protocol.lease(action.lease)])
+            elif type(action) is Recall:
+                self.back.send_multipart([action.worker.identity, *protocol.recall()])
+            elif type(action) is Revoke:
+                self.front.send_multipart([action.fid, *protocol.revoke(action.jobs,
+                                                                        action.lost)])
 
     def answer(self, fid: bytes, result: protocol.Result) -> None:
         """Queue a final answer for frontend ``fid``: all its answers of one turn of the loop
@@ -260,6 +275,8 @@ class Controller:
             self.on_manage(fid, protocol.parse_manage(frames[2]))
         elif kind == protocol.CANCEL and len(frames) == 3:
             self.on_cancel(fid, frames[2])
+        elif kind == protocol.OVERDUE and len(frames) == 3:
+            self.on_overdue(fid, frames[2].decode("ascii", "replace"))
         else:
             raise protocol.ProtocolError(f"frontends may not send {kind!r}")
 
@@ -291,6 +308,14 @@ class Controller:
         if mv is not None:
             log.info("dropped request %s of %s/%s: its client went away", rid.decode(),
                      mv.name, mv.version)
+
+    def on_overdue(self, fid: bytes, jobs: str) -> None:
+        """A batch frontend ``fid`` sent the worker at ``jobs`` on a lease hung past the
+        response timeout: the worker is killed, as one whose batch of ours hangs is."""
+        worker = self.scheduler.leases.borrowed(fid, jobs, self.supervisor.workers.values())
+        if worker is not None:
+            self.supervisor.kill_worker(worker, "a batch sent it on a lease ran past "
+                                                f"response_timeout ({worker.mv.settings.response_timeout} s)")
 
     def on_manage(self, fid: bytes, call: protocol.ManageCall) -> None:
         def respond(reply: Reply) -> None:
@@ -329,6 +354,13 @@ class Controller:
             self.perform(self.scheduler.finished(worker, results, now, answered))
             if worker.stop_requested and not self.scheduler.is_busy(worker):
                 self.supervisor.finish_stop(worker)
+        elif kind == protocol.SERVED:  # batches frontends sent it on a lease
+            for batch in protocol.parse_served(frames[2:]):
+                self.perform(self.scheduler.served(worker, batch))
+        elif kind == protocol.RETURNED:  # a recalled worker is ours again
+            self.perform(self.scheduler.returned(worker, now))
+            if worker.stop_requested and not self.scheduler.is_busy(worker):
+                self.supervisor.finish_stop(worker)
         elif kind == protocol.CHUNK:  # streamed parts: forwarded, their requests stay open
             for part in protocol.parse_results(frames[2:]):
                 fid = self.scheduler.progress(worker, part.rid, now)
@@ -336,6 +368,7 @@ class Controller:
                     self._queue(self.parts, fid, part)
         elif kind == protocol.READY:
             if self.supervisor.on_ready(worker):
+                worker.job_endpoint = protocol.parse_ready(frames[2])
                 worker.mv.load_error = None
                 log.info("worker %s (pid %s) ready for %s/%s", worker.id, worker.pid,
                          worker.model, worker.version)
@@ -412,9 +445,15 @@ class Controller:
         """Stop a removed version's workers and answer its queue; files go when workers do."""
         self.perform(self.scheduler.retire(mv))
         for worker in list(mv.workers.values()):
+            self.perform(self.scheduler.leases.take_back(worker))
             self.supervisor.stop_worker(worker, self.scheduler.is_busy(worker))
         self.supervisor.forget(mv)
         self.retired.append(mv)
+
+    def default_changed(self, name: str) -> None:
+        """Requests for ``name`` naming no version now go elsewhere: no lent worker of the
+        model may take them any longer."""
+        self.perform(self.scheduler.leases.of_model(name))
 
     def cleanup_retired(self) -> None:
         import shutil

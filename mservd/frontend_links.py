@@ -7,6 +7,9 @@ layout). A frontend's address is the name the controller knows it by (its reply 
 the daemon's run folder); the worker connects to it the first time a job names it. ZeroMQ
 connects in the background and, with ``IMMEDIATE``, refuses a send until it has: that batch
 (and any batch for a frontend that has gone) goes back through the controller as before.
+
+A batch a frontend sent on a lease (``leases.py``) has no other way to its frontend that keeps
+its streamed parts in order: its sends wait a moment for the connection (``wait``).
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ class FrontendLinks:
         self.links: OrderedDict[bytes, zmq.Socket] = OrderedDict()
 
     def deliver(self, requests: Sequence[protocol.Request], results: list[protocol.Result],
-                streamed: Iterable[bytes] = ()) -> bool:
-        """Send each frontend its answers of this batch as one REPLY; True when every answer
+                streamed: Iterable[bytes] = (), wait: float = 0.0) -> bool:
+        """Send each frontend its answers of this batch as one REPLY (waiting up to ``wait``
+        seconds for a connection); True when every answer
         went, so that the controller is told with ANSWERED. False: some could not (a frontend
         not connected yet or gone, a streamed answer whose parts went through the controller
         and must arrive first): the caller sends the whole DONE to the controller, and a
@@ -47,11 +51,22 @@ class FrontendLinks:
             grouped.setdefault(fid, []).append(result)
         every = True
         for fid, answers in grouped.items():
-            try:
-                self._link(fid).send_multipart(protocol.replies(answers), zmq.NOBLOCK)
-            except (zmq.ZMQError, UnicodeDecodeError):  # Again: not connected (yet)
-                every = False
+            every = self.send(fid, protocol.replies(answers), wait) and every
         return every
+
+    def send(self, fid: bytes, frames: list[bytes], wait: float = 0.0) -> bool:
+        """Send frontend ``fid`` one message, waiting up to ``wait`` seconds for the
+        connection; False if it could not go."""
+        if self.prefix is None or not fid.startswith(self.prefix):
+            return False
+        try:
+            sock = self._link(fid)
+            if wait and not sock.poll(wait * 1000.0, zmq.POLLOUT):
+                return False
+            sock.send_multipart(frames, zmq.NOBLOCK)
+        except (zmq.ZMQError, UnicodeDecodeError):  # Again: not connected (yet)
+            return False
+        return True
 
     def _link(self, fid: bytes) -> zmq.Socket:
         sock = self.links.get(fid)

@@ -66,6 +66,8 @@ class ModelService(Protocol):
 
     def retire(self, mv: ModelVersion) -> None: ...
 
+    def default_changed(self, name: str) -> None: ...
+
     def reconcile_pools(self, now: float) -> None: ...
 
     def registry_changed(self) -> None: ...
@@ -507,6 +509,7 @@ class Management:
     def op_set_default(self, args: dict[str, Any], respond: Respond):
         name, version = args["model"], args["version"]
         self.ctl.registry.set_default(name, version)
+        self.ctl.default_changed(name)
         self.ctl.registry_changed()
         return Reply(200, {"status": f'Default version successfully updated for model "{name}" '
                                      f'to "{version}"'})

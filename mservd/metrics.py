@@ -41,7 +41,8 @@ class VersionMetrics:
     """The labelled children of one model version, looked up once."""
 
     __slots__ = ("requests", "latency_us", "queue_us", "latency", "queue", "handler", "batch",
-                 "restarts", "first_part", "between_parts", "answers", "restart_count")
+                 "restarts", "first_part", "between_parts", "answers", "restart_count",
+                 "leased")
 
     def __init__(self, m: Metrics, name: str, version: str) -> None:
         self.requests = m.requests.labels(name, version)
@@ -54,6 +55,7 @@ class VersionMetrics:
         self.restarts = m.restarts.labels(name, version)
         self.first_part = m.first_part.labels(name, version)
         self.between_parts = m.between_parts.labels(name, version)
+        self.leased = m.leased.labels(name, version)
         self.answers: dict[int, int] = {}  # answers by HTTP status (the dashboard's errors)
         self.restart_count = 0
 
@@ -90,6 +92,9 @@ class Metrics:
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.batch = Histogram("mservd_batch_size", "Requests per batch run.", MODEL,
                                buckets=BATCH_BUCKETS, registry=r)
+        self.leased = Counter("mservd_leased_requests", "Requests a frontend sent an idle "
+                              "worker lent to it, past the queue (mservd/leases.py); counted "
+                              "in ts_inference_requests too.", MODEL, registry=r)
         self.restarts = Counter("mservd_worker_restarts", "Workers of a version that died "
                                 "unasked.", MODEL, registry=r)
         self.frontend_restarts = Counter("mservd_frontend_restarts", "Frontend processes "

@@ -22,6 +22,17 @@ to it and forwarded as the same bytes::
                             CHUNK    | MSV1C | rid | head | body | rid | ... |
                             METRICS  | MSV1Q | [[name, value, unit, kind, {dim: value}], ...] |
     worker -> frontend      REPLY    | MSV1R | rid | head | body | ... |   (answers sent directly)
+                            CHUNK    | MSV1C | rid | head | body | ... |   (... and parts)
+    controller -> frontend  LEASE    | MSV1L | {"model", "version", "default", "jobs", "batch",
+                                              "timeout"} |
+                            REVOKE   | MSV1V | jobs | lost ("1" or "") |
+    frontend -> worker      BATCH    | MSV1B | job | meta | inputs... | ... |   (on a lease)
+    frontend -> controller  OVERDUE  | MSV1O | jobs |   (a leased batch ran past its timeout)
+    controller -> worker    RECALL   | MSV1T |   (the lease ends: finish the leased batches)
+    worker -> controller    RETURNED | MSV1U |   (... done, and reported: it is idle)
+    worker -> controller    SERVED   | MSV1E | [[fid, delivered, took, count], ...] | rid | head
+                                     | body | ... |   (leased batches' answers; bodies empty
+                                                       where delivered)
 
     route = [rid, model, version or None, token or None, timeout_ms or None, explain, sent,
              inputs]
@@ -50,6 +61,19 @@ batch whose frontend the worker cannot reach yet, go back in a DONE through the 
 
 ``explain`` travels in the route alone: the controller never batches an explanation with a
 prediction, and the worker shows it to the handler as TorchServe does (an ``explain`` header).
+A worker that sits idle can be *lent* to a frontend (LEASE, ``mservd/leases.py``): the
+frontend then sends the next requests of that model it reads as a BATCH to the worker's *job
+socket* (``jobs``, bound in the run folder) itself, the worker answers it directly, and the
+controller only hears SERVED afterwards. A lone request then passes no third process either
+way. The controller takes a lease back as soon as it needs the worker: REVOKE to the frontend,
+RECALL to the worker, which runs the leased batches it has, reports them and says RETURNED;
+until then the controller's requests wait in its queue, where their deadlines hold. REVOKE with
+``lost``: the worker is gone, and the frontend sends what it had sent there through the
+controller again.
+A leased batch unanswered past the version's response timeout is answered "Worker died." by
+the frontend, which asks the controller to kill the worker (OVERDUE), as it kills one whose
+batch hangs.
+
 A ROUTER prepends the peer's identity frame; the functions here take and return frames after it.
 """
 
@@ -76,9 +100,16 @@ FAILED = MAGIC + b"F"
 DONE = MAGIC + b"D"
 ANSWERED = MAGIC + b"A"
 METRICS = MAGIC + b"Q"
+LEASE = MAGIC + b"L"
+REVOKE = MAGIC + b"V"
+SERVED = MAGIC + b"E"
+OVERDUE = MAGIC + b"O"
+RECALL = MAGIC + b"T"
+RETURNED = MAGIC + b"U"
 
 KINDS = frozenset({PREDICT, MANAGE, CANCEL, REPLY, CHUNK, BATCH, STOP, READY, FAILED, DONE,
-                   ANSWERED, METRICS})
+                   ANSWERED, METRICS, LEASE, REVOKE, SERVED, OVERDUE, RECALL,
+                   RETURNED})
 
 # A worker's METRICS sample of the device memory it holds (the controller keeps it on the
 # worker's handle for describe and the dashboard, not as a handler metric)
@@ -283,6 +314,113 @@ def reply_prefix(backend: str) -> bytes | None:
     return None if folder is None else f"ipc://{folder}/{REPLY_SOCKET}".encode()
 
 
+JOB_SOCKET = "jobs-"  # a worker's job socket is <run dir>/jobs-<pid>.sock
+
+
+def job_endpoint(backend: str, pid: int) -> str | None:
+    """Where the worker with ``pid`` of the controller whose worker socket is ``backend`` binds
+    its job socket (None off ``ipc://``: its workers are never lent)."""
+    folder = run_dir_of(backend)
+    return None if folder is None else f"ipc://{folder}/{JOB_SOCKET}{pid}.sock"
+
+
+# -- leases: a frontend sends an idle worker requests itself ----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Worker ``jobs`` of ``model`` ``version`` is the frontend's to send up to ``batch``
+    requests at a time, requests naming no version too when it is the ``default``; a batch
+    unanswered after ``timeout`` seconds (the version's response timeout) has hung."""
+
+    model: str
+    version: str
+    default: bool
+    jobs: str
+    batch: int
+    timeout: float
+
+
+def lease(grant: Lease) -> list[bytes]:
+    return [LEASE, packb({"model": grant.model, "version": grant.version,
+                          "default": grant.default, "jobs": grant.jobs, "batch": grant.batch,
+                          "timeout": grant.timeout})]
+
+
+def parse_lease(frame: bytes) -> Lease:
+    info = unpackb(frame)
+    if not (isinstance(info, dict) and isinstance(info.get("model"), str)
+            and isinstance(info.get("version"), str) and isinstance(info.get("jobs"), str)
+            and isinstance(info.get("batch"), int) and info["batch"] >= 1
+            and isinstance(info.get("timeout"), (int, float)) and info["timeout"] > 0):
+        raise ProtocolError("a LEASE header must be {model, version, default, jobs, batch, "
+                            "timeout}")
+    return Lease(info["model"], info["version"], bool(info.get("default")), info["jobs"],
+                 info["batch"], float(info["timeout"]))
+
+
+def overdue(jobs: str) -> list[bytes]:
+    """A frontend's word that the batch it sent the worker at ``jobs`` hung."""
+    return [OVERDUE, jobs.encode()]
+
+
+def recall() -> list[bytes]:
+    return [RECALL]
+
+
+def returned() -> list[bytes]:
+    return [RETURNED]
+
+
+def revoke(jobs: str, lost: bool) -> list[bytes]:
+    """The lease of the worker at ``jobs`` ends; ``lost``: the worker is gone too."""
+    return [REVOKE, jobs.encode(), b"1" if lost else b""]
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A batch a frontend sent a worker on a lease: its answers (bodies empty when the
+    worker ``delivered`` them itself), and the seconds it ``took`` in the worker."""
+
+    fid: bytes
+    delivered: bool
+    took: float
+    results: list[Result]
+
+
+def served(batches: Iterable[Served]) -> list[bytes]:
+    """A worker's word on the batches frontends sent it on a lease, several at once: heads
+    only where it delivered the answers, whole (for the controller to forward) where not."""
+    header, frames = [], [SERVED]
+    for b in batches:
+        header.append([b.fid, b.delivered, b.took, len(b.results)])
+        for result in b.results:
+            frames += [result.rid, result.head, b"" if b.delivered else result.body]
+    frames.insert(1, packb(header))
+    return frames
+
+
+def parse_served(frames: Sequence[bytes]) -> list[Served]:
+    """The batches of a SERVED message (without its kind frame)."""
+    header = unpackb(frames[0]) if frames else None
+    results = parse_results(frames[1:])
+    if not isinstance(header, list):
+        raise ProtocolError("a SERVED header must be a list of [fid, delivered, took, count]")
+    batches, at = [], 0
+    for entry in header:
+        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], bytes)
+                and isinstance(entry[2], (int, float)) and isinstance(entry[3], int)
+                and 0 <= entry[3] <= len(results) - at):
+            raise ProtocolError("a SERVED batch must be [fid, delivered, took, count]")
+        fid, delivered, took, count = entry
+        batches.append(Served(fid, bool(delivered), max(0.0, float(took)),
+                              results[at:at + count]))
+        at += count
+    if at != len(results):
+        raise ProtocolError("a SERVED message has answers no batch counts")
+    return batches
+
+
 # -- answers: DONE from a worker, REPLY and CHUNK to a frontend --------------------------------
 
 
@@ -448,8 +586,16 @@ def cancel(rid: bytes) -> list[bytes]:
 # -- a worker's life: READY, FAILED, METRICS, STOP ---------------------------------------------
 
 
-def ready(pid: int) -> list[bytes]:
-    return [READY, packb({"pid": pid})]
+def ready(pid: int, jobs: str | None = None) -> list[bytes]:
+    """A worker loaded its model; ``jobs``: its job socket, where it takes leased batches."""
+    return [READY, packb({"pid": pid, "jobs": jobs})]
+
+
+def parse_ready(frame: bytes) -> str | None:
+    """The job socket a READY names (None: the worker takes batches from the controller only)."""
+    info = unpackb(frame)
+    jobs = info.get("jobs") if isinstance(info, dict) else None
+    return jobs if isinstance(jobs, str) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,11 @@ A model with ``continuousBatching`` is scheduled by slots instead of batches: ea
 workers runs up to ``batch_size`` requests at once, a request is sent as soon as a slot is
 free, and each finishes (DONE) on its own; a client that goes away frees its slot
 (:class:`CancelRunning`). Its deadline moves with the worker's progress (each streamed part).
+
+A version left idle lends the worker that finished last to the frontend it answered
+(``leases.py``): a lent worker gets no batch here until it is recalled and has RETURNED
+(:meth:`Scheduler.returned`), and is recalled only when no worker of the version that is not
+lent is idle; what it runs on the lease it reports afterwards (:meth:`Scheduler.served`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from mservd import protocol
 from mservd.advisor import advise, next_to_try
 from mservd.config import Settings
 from mservd.errors import DeadlineExceeded, MservdError, NoWorker, QueueFull, WorkerDied
+from mservd.leases import Leases, Lend, Recall, Revoke
 from mservd.metrics import Metrics, VersionMetrics
 from mservd.registry import ModelVersion, Registry
 from mservd.worker_handle import Worker
@@ -91,7 +97,7 @@ class CancelRunning:
     rid: bytes
 
 
-Action = Union[SendBatch, Forward, Refuse, KillWorker, CancelRunning]
+Action = Union[SendBatch, Forward, Refuse, KillWorker, CancelRunning, Lend, Revoke, Recall]
 
 
 @dataclass
@@ -110,6 +116,7 @@ class Scheduler:
         self.registry = registry
         self.metrics = metrics
         self.running: dict[str, Running] = {}  # worker id -> its batch
+        self.leases = Leases(registry)
 
     # -- requests ---------------------------------------------------------------------
 
@@ -241,6 +248,12 @@ class Scheduler:
             return self._fill_slots(mv, now)
         idle = [w for w in mv.workers.values()
                 if w.is_serving and w.id not in self.running]
+        if self.leases.holders or self.leases.recalling:
+            ready = [w for w in idle if self.leases.available(w)]
+            if not ready:  # only lent ones: one is called back, the queue waits for it
+                lent = [w for w in idle if self.leases.holds(w)]
+                return self.leases.recall(lent[0]) if lent else []
+            idle = ready
         if not idle:
             return []
         any_busy = any(w.id in self.running for w in mv.workers.values())
@@ -322,9 +335,11 @@ class Scheduler:
             held = len(running.requests) + len(mv.batcher) + self.running_requests(mv)
             self._size_batches(mv, now, held)
         actions: list[Action] = []
+        fid = None
         for result in results:
             pending = running.requests.pop(result.rid, None)
             if pending is not None:
+                fid = pending.fid
                 if not answered:
                     actions.append(Forward(pending.fid, result))
                 latency = now - pending.arrived
@@ -334,7 +349,38 @@ class Scheduler:
         for pending in running.requests.values():
             actions.append(self.refuse(pending.fid, pending.rid, WorkerDied(
                 "The worker returned no answer for this request."), mv))
-        return actions + self.dispatch(mv, now)
+        more = self.dispatch(mv, now)
+        if not more and fid is not None:  # nothing more to run: the frontend may send itself
+            more = self.leases.lend(mv, worker, fid, self.running)
+        return actions + more
+
+    def returned(self, worker: Worker, now: float) -> list[Action]:
+        """A recalled worker ran its leased batches: it takes the queue's next batch."""
+        if not self.leases.returned(worker) or worker.mv is None:
+            return []
+        return self.dispatch(worker.mv, now)
+
+    def served(self, worker: Worker, batch: protocol.Served) -> list[Action]:
+        """A lent worker's SERVED: the batch a frontend sent it, counted like a batch of ours
+        (its time in the worker is its latency); forwarded when the worker could not deliver
+        it. The worker stays as it was: idle, or running the batch we sent it since."""
+        mv = worker.mv
+        if mv is None:
+            return []
+        vm = self.metrics.version(mv.key)
+        vm.batch.observe(len(batch.results))
+        vm.handler.observe(batch.took)
+        actions: list[Action] = []
+        vm.leased.inc(len(batch.results))
+        for result in batch.results:
+            vm.requests.inc()
+            vm.queue.observe(0.0)  # it waited in no queue
+            vm.latency.observe(batch.took)
+            vm.latency_us.inc(batch.took * 1e6)
+            self.metrics.answered(protocol.Head.parse(result.head).status, vm)
+            if not batch.delivered:
+                actions.append(Forward(batch.fid, result))
+        return actions
 
     def _finished_some(self, worker: Worker, running: Running, results: list[protocol.Result],
                        now: float, answered: bool) -> list[Action]:
@@ -362,12 +408,13 @@ class Scheduler:
         return sum(len(r.requests) for r in self.running.values() if r.mv is mv)
 
     def worker_lost(self, worker: Worker, now: float) -> list[Action]:
-        """A worker exited: its requests run once more on another worker, else fail."""
+        """A worker exited: its requests run once more on another worker, else fail; its
+        lease ends (the frontends send again what they had sent it)."""
+        actions: list[Action] = list(self.leases.lost(worker))
         running = self.running.pop(worker.id, None)
         if running is None:
-            return []
+            return actions
         mv = running.mv
-        actions: list[Action] = []
         for pending in running.requests.values():
             if (not pending.retried and self.registry.has_version(mv.name, mv.version)
                     and any(w.is_serving and w is not worker for w in mv.workers.values())):

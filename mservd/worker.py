@@ -12,6 +12,7 @@ The supervisor's zygote forks each worker and calls :func:`run` with the spec it
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -33,6 +34,11 @@ from mservd.specs import WorkerSpec
 
 log = logging.getLogger("mservd.worker")
 POLL_MS = 1000
+LINK_WAIT = 1.0  # seconds a leased batch's answer waits for its frontend's connection
+LEASED_PER_TURN = 8  # leased batches run before the controller's socket is read again
+SERVED_WAIT = 0.001  # seconds a worker with nothing to do waits before it reports leased
+SERVED_EVERY = 0.01  # ... batches to the controller, and at most this late while busy: one
+# wake-up of the controller per report, not per request
 METRICS_INTERVAL = 1.0  # seconds between shipments of handler metrics to the controller
 
 
@@ -187,13 +193,32 @@ def install_model_requirements(model_dir: str, manifest: dict[str, Any]) -> str 
     return target
 
 
-def attach_stream(context, sock, max_response_size: int,
-                  streamed: set[bytes] | None = None) -> None:
+class ChunkRoute:
+    """Where the running batch's streamed parts go: to the controller, which forwards them
+    (each such request goes into ``streamed``: its final answer must follow the parts there),
+    or, for a batch a frontend sent on a lease (``leased_to``), straight to that frontend."""
+
+    def __init__(self, sock, links: FrontendLinks | None = None) -> None:
+        self.sock = sock
+        self.links = links
+        self.leased_to: bytes | None = None
+        self.streamed: set[bytes] = set()
+
+    def send(self, part: protocol.Result) -> None:
+        if self.leased_to is not None and self.links is not None:
+            if not self.links.send(self.leased_to, protocol.chunks([part]), LINK_WAIT):
+                log.warning("a streamed part of request %s could not reach its frontend",
+                            part.rid.decode(errors="replace"))
+            return
+        self.streamed.add(part.rid)
+        self.sock.send_multipart(protocol.chunks([part]))
+
+
+def attach_stream(context, route: ChunkRoute, max_response_size: int) -> None:
     """Let the handler stream: ``send_intermediate`` sends one CHUNK for a request at once.
 
     Set once per worker; a plain batch pays nothing for it. The chunk is encoded like a final
-    answer of its request's protocol. Each request that streamed goes into ``streamed``: its
-    parts went through the controller, so its final answer must follow them there.
+    answer of its request's protocol.
     """
     def send_chunk(idx: int, item: Any) -> None:
         call, codec = context.calls[idx]
@@ -201,9 +226,7 @@ def attach_stream(context, sock, max_response_size: int,
         part = codec.encode_part(Call(call.rows, idx, call.state), item, context,
                                  max_response_size)
         if part is not None:
-            if streamed is not None:
-                streamed.add(rid)
-            sock.send_multipart(protocol.chunks([protocol.Result(rid, *part)]))
+            route.send(protocol.Result(rid, *part))
 
     context.stream_callback = send_chunk
 
@@ -319,6 +342,115 @@ def _describe_failure(exc: BaseException) -> tuple[int, str, str]:
     return 500, "InternalServerException", f"{type(exc).__name__}: {message}"
 
 
+def bind_jobs(zctx: zmq.Context, backend: str) -> tuple[Any, str | None]:
+    """The job socket frontends send leased batches to (``leases.py``); (None, None) where
+    there is none (not ``ipc://``, or the bind fails): the worker is then never lent."""
+    endpoint = protocol.job_endpoint(backend, os.getpid())
+    if endpoint is None:
+        return None, None
+    jobs = zctx.socket(zmq.PULL)
+    jobs.setsockopt(zmq.LINGER, 0)
+    try:
+        jobs.bind(endpoint)
+    except zmq.ZMQError as exc:
+        log.warning("no job socket at %s (%s): this worker is never lent", endpoint, exc)
+        jobs.close(linger=0)
+        return None, None
+    return jobs, endpoint
+
+
+class Batches:
+    """Runs the batches a serving worker gets, from the controller or on a lease, and sends
+    their answers where they go."""
+
+    def __init__(self, sock, handler, context, links: FrontendLinks, max_response_size: int,
+                 threads: Threads) -> None:
+        self.sock = sock
+        self.handler = handler
+        self.context = context
+        self.links = links
+        self.max_response_size = max_response_size
+        self.threads = threads
+        self.chunks = ChunkRoute(sock, links)
+        attach_stream(context, self.chunks, max_response_size)
+        self.tally: list[protocol.Served] = []  # leased batches not yet reported
+        self.tally_since = 0.0
+
+    def report(self) -> None:
+        """Tell the controller of the leased batches answered since the last report."""
+        if self.tally:
+            tally, self.tally = self.tally, []
+            self.sock.send_multipart(protocol.served(tally))
+
+    def report_by(self) -> float | None:
+        """When the tally must go, at the latest (None: nothing to report)."""
+        return self.tally_since + SERVED_EVERY if self.tally else None
+
+    def from_controller(self, frames: list[bytes]) -> None:
+        """A BATCH the controller sent: answered straight to the frontends that asked when
+        they all can be reached (ANSWERED), else through the controller (DONE)."""
+        try:
+            requests = protocol.parse_batch(frames[1:])
+            results = self._run(requests, None)
+            reply = (protocol.answered(results)
+                     if self.links.deliver(requests, results, self.chunks.streamed)
+                     else protocol.done(results))
+        except protocol.ProtocolError as exc:
+            log.error("worker dropped a malformed batch: %s", exc)
+            return
+        except Exception as exc:  # a bug of ours: the batch fails, the worker lives on
+            log.exception("batch failed outside the handler")
+            reply = _failed_batch(frames[1:], exc)
+            if reply is None:
+                return
+        self.sock.send_multipart(reply)
+
+    def leased(self, frames: list[bytes]) -> None:
+        """A BATCH a frontend sent on its lease: answered to it directly, then counted by
+        the controller (SERVED), which forwards the answers only if they could not go."""
+        began = time.monotonic()
+        if not frames or frames[0] != protocol.BATCH:
+            log.error("worker dropped a leased message of kind %r", frames[0][:8] if frames
+                      else b"")
+            return
+        try:
+            requests = protocol.parse_batch(frames[1:])
+        except protocol.ProtocolError as exc:
+            log.error("worker dropped a malformed leased batch: %s", exc)
+            return
+        fid = requests[0].fid if requests else b""
+        if not requests or any(r.fid != fid for r in requests):
+            log.error("worker dropped a leased batch not from one frontend")
+            return
+        try:
+            results = self._run(requests, fid)
+        except Exception as exc:  # a bug of ours: the batch fails, the worker lives on
+            log.exception("leased batch failed outside the handler")
+            failed = _failed_batch(frames[1:], exc)
+            if failed is None:
+                return
+            results = protocol.parse_results(failed[1:])
+        delivered = self.links.deliver(requests, results, wait=LINK_WAIT)
+        if not self.tally:
+            self.tally_since = began
+        kept = results if not delivered else [protocol.Result(r.rid, r.head, b"") for r in results]
+        self.tally.append(protocol.Served(fid, delivered, time.monotonic() - began, kept))
+        if not delivered:  # the controller forwards these: at once
+            self.report()
+
+    def _run(self, requests: list[protocol.Request], leased_to: bytes | None
+             ) -> list[protocol.Result]:
+        self.chunks.streamed.clear()
+        self.chunks.leased_to = leased_to
+        try:
+            with self.threads.batch():
+                return answer_batch(self.handler, self.context, requests,
+                                    self.max_response_size)
+        finally:
+            _tag_output("")
+            self.chunks.leased_to = None
+
+
 def serve(spec: WorkerSpec) -> int:
     parent = os.getppid()
     zctx = zmq.Context()
@@ -337,57 +469,83 @@ def serve(spec: WorkerSpec) -> int:
         time.sleep(0.2)  # let the message leave before the context goes
         sock.close(linger=1000)
         return EXIT_LOAD_FAILED
-    sock.send_multipart(protocol.ready(os.getpid()))
+    threads = Threads(spec.threads)
+    links = FrontendLinks(zctx, spec.endpoint)
+    batches = Batches(sock, handler, context, links, spec.max_response_size, threads)
+    if spec.continuous_batching:  # the model's settings say so: the scheduler agrees
+        sock.send_multipart(protocol.ready(os.getpid()))
+        _log_ready(spec, began)
+        return serve_continuous(sock, handler, context, spec.worker_id, parent,
+                                spec.max_response_size, ship_metrics, threads)
+    jobs, jobs_endpoint = bind_jobs(zctx, spec.endpoint) if spec.lendable else (None, None)
+    sock.send_multipart(protocol.ready(os.getpid(), jobs_endpoint))
+    _log_ready(spec, began)
+    try:
+        return _serve_batches(spec, sock, jobs, batches, parent)
+    finally:
+        if jobs_endpoint is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(jobs_endpoint[len("ipc://"):])
+
+
+def _log_ready(spec: WorkerSpec, began: float) -> None:
     log.info("worker %s ready: model %s version %s loaded in %.2f s", spec.worker_id,
              spec.model_name, spec.version, time.monotonic() - began)
-    max_response_size = spec.max_response_size
-    streamed: set[bytes] = set()  # this batch's requests that streamed parts
-    attach_stream(context, sock, max_response_size, streamed)
-    threads = Threads(spec.threads)
-    if spec.continuous_batching:  # the model's settings say so: the scheduler agrees
-        return serve_continuous(sock, handler, context, spec.worker_id, parent,
-                                max_response_size, ship_metrics, threads)
-    links = FrontendLinks(zctx, spec.endpoint)
+
+
+def _serve_batches(spec: WorkerSpec, sock, jobs, batches: Batches, parent: int) -> int:
+    """Batches from the controller and, when lent, from a frontend, until told to stop."""
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
+    if jobs is not None:
+        poller.register(jobs, zmq.POLLIN)
     shipped = time.monotonic()
     while True:
-        if not poller.poll(POLL_MS):
+        report_by = batches.report_by()
+        wait = POLL_MS if report_by is None else max(
+            0.0, min(SERVED_WAIT, report_by - time.monotonic())) * 1000.0
+        ready = dict(poller.poll(wait))
+        if report_by is not None and (not ready or time.monotonic() >= report_by):
+            batches.report()
+        if not ready:
+            if report_by is not None:
+                continue
             if parent_changed(parent):
                 log.warning("controller is gone; worker %s exits", spec.worker_id)
                 return 0
-            ship_metrics(sock, context)
+            ship_metrics(sock, batches.context)
             continue
-        frames = sock.recv_multipart()
-        kind = frames[0]
-        if kind == protocol.STOP:
-            log.info("worker %s stopping", spec.worker_id)
-            return 0
-        if kind != protocol.BATCH:
-            log.error("worker dropped a message of kind %r", kind[:8])
-            continue
-        streamed.clear()
-        try:
-            requests = protocol.parse_batch(frames[1:])
-            with threads.batch():
-                results = answer_batch(handler, context, requests, max_response_size)
-            # straight to the frontends that asked, when they all can be reached
-            reply = (protocol.answered(results) if links.deliver(requests, results, streamed)
-                     else protocol.done(results))
-        except protocol.ProtocolError as exc:
-            log.error("worker dropped a malformed batch: %s", exc)
-            continue
-        except Exception as exc:  # a bug of ours: the batch fails, the worker lives on
-            log.exception("batch failed outside the handler")
-            reply = _failed_batch(frames[1:], exc)
-            if reply is None:
-                continue
-        finally:
-            _tag_output("")
-        sock.send_multipart(reply)
+        if sock in ready:
+            frames = sock.recv_multipart()
+            kind = frames[0]
+            if kind == protocol.STOP:
+                _run_leased(jobs, batches, limit=None)  # sent before the lease ended
+                batches.report()
+                log.info("worker %s stopping", spec.worker_id)
+                return 0
+            if kind == protocol.BATCH:
+                batches.from_controller(frames)
+            elif kind == protocol.RECALL:  # the controller's batches next: ours first
+                _run_leased(jobs, batches, limit=None)
+                batches.report()
+                sock.send_multipart(protocol.returned())
+            else:
+                log.error("worker dropped a message of kind %r", kind[:8])
+        if jobs in ready:
+            _run_leased(jobs, batches, LEASED_PER_TURN)
         if time.monotonic() - shipped >= METRICS_INTERVAL:
             shipped = time.monotonic()
-            ship_metrics(sock, context)
+            ship_metrics(sock, batches.context)
+
+
+def _run_leased(jobs, batches: Batches, limit: int | None) -> None:
+    """The leased batches waiting on the job socket, up to ``limit`` (None: all)."""
+    done = 0
+    while jobs is not None and (limit is None or done < limit):
+        if not jobs.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return
+        batches.leased(jobs.recv_multipart(zmq.NOBLOCK))
+        done += 1
 
 
 def main(argv: list[str] | None = None) -> int:

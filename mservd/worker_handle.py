@@ -34,6 +34,7 @@ class Worker:
     stop_requested: bool = False
     device_memory: int | None = None  # bytes its PyTorch allocator holds on its GPU, as reported
     mv: Any = None  # the ModelVersion served; set by spawn_worker
+    job_endpoint: str | None = None  # its job socket (READY), where a lent worker takes batches
 
     @property
     def identity(self) -> bytes:

@@ -5,11 +5,14 @@ coroutine sends on the one socket, which only the event loop's thread touches, a
 future that the reader task resolves by request id. A streamed answer's parts arrive on a queue
 instead. The requests of one turn of the event loop leave as one PREDICT message at its end, and
 the controller's REPLY may answer several at once: a message costs a wake-up of each process it
-passes, however many requests it carries. The frontend keeps no other state.
+passes, however many requests it carries. The frontend keeps no other state but the leases the
+controller gave it (below), which the controller can take back at any time.
 
 Beside it the bridge binds a PULL socket, its *reply socket*, in the daemon's run folder, and
 names itself to the controller by that address: workers send their answers there directly
 (``mservd/frontend_links.py``), one process fewer on the way back. Both sockets are read alike.
+While the controller has lent this frontend an idle worker (``leases.py``), the predictions of
+a turn for its version go to that worker instead, one process fewer on the way there too.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import logging
 import os
 import secrets
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,10 +30,13 @@ from typing import Any
 import zmq
 
 from mservd import protocol
+from mservd.errors import WorkerDied
 from mservd.frontends.bridge import ClientGone, ControllerGone
+from mservd.frontends.leases import HeldLeases
 from mservd.protocol import Reply
 
 log = logging.getLogger(__name__)
+WATCH_INTERVAL = 1.0  # seconds between checks for leased batches that hung
 EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
@@ -54,6 +61,8 @@ class AsyncBridge:
         self._waiting: dict[bytes, asyncio.Future | asyncio.Queue] = {}
         self._drain_scheduled = False
         self._outbox: list[list[bytes]] = []  # this turn's PREDICT messages, sent as one
+        self._leases: HeldLeases | None = None  # workers lent to us, once the reply socket is
+        self._watch: asyncio.TimerHandle | None = None  # the next check for hung leased batches
 
     def _socket(self) -> Any:
         if self._sock is None:
@@ -91,6 +100,7 @@ class AsyncBridge:
             return None
         self._replies = replies
         self._replies_path = address[len("ipc://"):]
+        self._leases = HeldLeases(self._ctx, address.encode())
         self._loop.add_reader(replies.getsockopt(zmq.FD), self._drain)
         return address
 
@@ -112,9 +122,34 @@ class AsyncBridge:
         if not self._outbox or self._sock is None:
             return
         outbox, self._outbox = self._outbox, []
+        if self._leases:  # those for a lent worker go to it
+            if self._sock.getsockopt(EVENTS) & POLLIN:
+                self._drain()  # a REVOKE that came before them counts
+            outbox = self._leases.send(outbox)
+            if self._leases.sent and self._watch is None:
+                self._watch_leased()
+            if not outbox:
+                self._check_pending()
+                return
         message = outbox[0] if len(outbox) == 1 else protocol.predictions(outbox)
         self._sock.send_multipart(message, zmq.NOBLOCK, copy=False)  # big payloads uncopied
         self._check_pending()
+
+    def _watch_leased(self) -> None:
+        """Every second while leased batches are out: those past their lease's timeout are
+        answered "Worker died." and the controller is asked to kill their worker."""
+        self._watch = None
+        if self._leases is None or not self._leases.sent or self._loop is None:
+            return
+        for jobs, rids in self._leases.overdue(time.monotonic()).items():
+            log.error("requests %s sent to worker %s on a lease had no answer in time",
+                      b",".join(rids).decode(errors="replace"), jobs)
+            for rid in rids:
+                died = Reply.error(WorkerDied()).result(rid)
+                self._deliver_one(protocol.REPLY, rid, [died.head, died.body])
+            self._send(protocol.overdue(jobs))
+        if self._leases is not None and self._leases.sent and self._watch is None:
+            self._watch = self._loop.call_later(WATCH_INTERVAL, self._watch_leased)
 
     def _check_pending(self) -> None:
         if self._drain_scheduled or self._sock is None:
@@ -145,9 +180,26 @@ class AsyncBridge:
         if kind in (protocol.REPLY, protocol.CHUNK):
             for i in range(1, len(frames) - 2, 3):  # one answer or part, or several
                 self._deliver_one(kind, frames[i], frames[i + 1 : i + 3])
+        elif kind in (protocol.LEASE, protocol.REVOKE) and self._leases is not None:
+            self._on_lease(kind, frames)
+
+    def _on_lease(self, kind: bytes, frames: list[bytes]) -> None:
+        """The controller lends a worker, or takes it back (and then, if it is gone, the
+        requests sent it go through the controller)."""
+        assert self._leases is not None
+        try:
+            if kind == protocol.LEASE and len(frames) == 2:
+                self._leases.grant(protocol.parse_lease(frames[1]))
+            elif kind == protocol.REVOKE and len(frames) == 3:
+                for again in self._leases.end(frames[1].decode(), lost=frames[2] == b"1"):
+                    self._send(again)
+        except (protocol.ProtocolError, UnicodeDecodeError, zmq.ZMQError) as exc:
+            log.error("dropped a %r message from the controller: %s", kind, exc)
 
     def _deliver_one(self, kind: bytes, rid: bytes, answer: list[bytes]) -> None:
         """Hand ``[kind, rid, head, body]`` to the coroutine awaiting ``rid``."""
+        if kind == protocol.REPLY and self._leases is not None:
+            self._leases.answered(rid)
         waiter = self._waiting.get(rid)
         if waiter is None:
             return  # the client gave up; the answer has nowhere to go
@@ -247,6 +299,12 @@ class AsyncBridge:
                                timeout)
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        if self._leases is not None:
+            self._leases.close()
+            self._leases = None
         if self._replies is not None:
             if self._loop is not None:
                 self._loop.remove_reader(self._replies.getsockopt(zmq.FD))

@@ -270,6 +270,22 @@ def http_workers(daemon: Daemon) -> list[psutil.Process]:
         return []
 
 
+def too_late_behind_a_busy_worker(daemon: Daemon) -> tuple[requests.Response, int]:
+    """Send echo a request with a 300 ms deadline while its one worker sleeps 1.5 s on
+    another: that answer, and the model log's length before both (the late one must never
+    show in it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        mark = daemon.log_end("model_echo.log")
+        busy = pool.submit(daemon.predict, "echo", json={"sleep": 1.5})
+        daemon.wait_for_log("model_echo.log", "echo sleeping", since=mark)
+        late = daemon.predict("echo", json={"marker": "too-late"},
+                              headers={"X-Request-Timeout-Ms": "300"})
+        assert busy.result().status_code == 200
+    return late, mark
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1,
                details: Callable[[], str] | None = None) -> Any:
     """Poll ``predicate`` every ``interval`` seconds until it returns something truthy, and

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import requests
-from conftest import wait_until
+from conftest import too_late_behind_a_busy_worker, wait_until
 
 WORKER_DIED = {"code": 500, "type": "InternalServerException", "message": "Worker died."}
 ECHO = '{model_name="echo",model_version="1.0"}'
@@ -127,13 +127,7 @@ def test_a_full_queue_refuses_at_once_and_late_requests_get_504(daemon_factory) 
         assert answer.json()["echo"]["sleep"] == 0.6
 
     # a request whose own deadline passes while the worker is busy is answered 504, never run
-    with ThreadPoolExecutor(2) as pool:
-        mark = daemon.log_end("model_echo.log")
-        busy = pool.submit(daemon.predict, "echo", json={"sleep": 1.5})
-        daemon.wait_for_log("model_echo.log", "echo sleeping", since=mark)
-        late = daemon.predict("echo", json={"marker": "too-late"},
-                              headers={"X-Request-Timeout-Ms": "300"})
-        assert busy.result().status_code == 200
+    late, mark = too_late_behind_a_busy_worker(daemon)
     assert late.status_code == 504
     assert late.json()["type"] == "RequestTimeoutException"
     assert "it was not computed" in late.json()["message"]

@@ -149,3 +149,38 @@ def test_protocol_unknown_kind_and_bad_route_are_protocol_errors() -> None:
         protocol.kind_of([b"HTTP/1.1 GET"])
     with pytest.raises(protocol.ProtocolError, match="8-item array"):
         protocol.parse_route(protocol.packb(["too", "short"]))
+
+
+def test_protocol_leases_round_trip_and_a_malformed_one_is_an_error() -> None:
+    grant = protocol.Lease("m", "1.0", True, "ipc:///run/jobs-7.sock", 8, 120.0)
+    [kind, frame] = protocol.lease(grant)
+    assert kind == protocol.LEASE and protocol.parse_lease(frame) == grant
+    for bad in ({"model": "m"}, {**protocol.unpackb(frame), "batch": 0}, [1, 2]):
+        with pytest.raises(protocol.ProtocolError):
+            protocol.parse_lease(protocol.packb(bad))
+    assert protocol.revoke("ipc:///run/jobs-7.sock", True) == [
+        protocol.REVOKE, b"ipc:///run/jobs-7.sock", b"1"]
+    assert protocol.overdue("ipc:///run/jobs-7.sock") == [protocol.OVERDUE,
+                                                          b"ipc:///run/jobs-7.sock"]
+
+
+def test_protocol_served_reports_several_leased_batches_bodies_only_where_undelivered() -> None:
+    a = protocol.Result(b"a", protocol.head(200), b"answer a")
+    b = protocol.Result(b"b", protocol.head(500), b"answer b")
+    frames = protocol.served([protocol.Served(b"f1", True, 0.25, [a]),
+                              protocol.Served(b"f2", False, 0.5, [b])])
+    assert frames[0] == protocol.SERVED
+    first, second = protocol.parse_served(frames[1:])
+    assert first == protocol.Served(b"f1", True, 0.25, [protocol.Result(b"a", a.head, b"")])
+    assert second == protocol.Served(b"f2", False, 0.5, [b])
+    with pytest.raises(protocol.ProtocolError):  # counts more answers than it carries
+        protocol.parse_served([protocol.packb([[b"f1", True, 0.1, 2]]), b"a", a.head, b""])
+
+
+def test_protocol_a_worker_names_its_job_socket_in_the_run_folder_when_ready() -> None:
+    assert protocol.job_endpoint("ipc:///run/mservd/backend.sock", 42) == \
+        "ipc:///run/mservd/jobs-42.sock"
+    assert protocol.job_endpoint("tcp://127.0.0.1:5555", 42) is None
+    [_, frame] = protocol.ready(42, "ipc:///run/mservd/jobs-42.sock")
+    assert protocol.parse_ready(frame) == "ipc:///run/mservd/jobs-42.sock"
+    assert protocol.parse_ready(protocol.ready(42)[1]) is None

@@ -1,0 +1,140 @@
+"""Lending an idle worker to a frontend, so that a lone request passes no third process.
+
+At low load the controller's hop is most of a request's latency: the frontend's message wakes
+it, it queues the request, finds the idle worker at once and sends the batch on. When a
+version's workers are all idle and its queue is empty, the controller therefore *lends* the
+worker that just finished to the frontend whose request it answered (LEASE): that frontend
+sends the next requests it reads for the version straight to the worker's job socket as a BATCH
+(up to a batch at a time, one batch in flight), the worker answers the frontend directly and
+tells the controller afterwards (SERVED), for its counts. The lease stands until the controller
+needs the worker for a batch of its own (it picks an idle worker not lent first) or the worker
+goes (REVOKE, lost: the frontend sends what it had sent there through the controller again).
+Taking a lease back is a *recall*: REVOKE to the frontend, RECALL to the worker, which runs the
+leased batches it holds, reports them and answers RETURNED; only then does the controller send
+it a batch. Until then its requests wait in its queue, where their deadlines hold: the
+controller never queues work behind a leased batch it cannot see.
+
+Only while token authorization is off (the controller checks each request's token) and the
+daemon's sockets are ``ipc://`` (a frontend then has a reply socket and a worker a job socket).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterable
+from dataclasses import dataclass
+
+from mservd import protocol
+from mservd.registry import ModelVersion, Registry
+from mservd.worker_handle import Worker
+
+
+@dataclass(frozen=True, slots=True)
+class Lend:
+    """Tell frontend ``fid`` it may send ``lease.jobs`` batches itself."""
+
+    fid: bytes
+    lease: protocol.Lease
+
+
+@dataclass(frozen=True, slots=True)
+class Recall:
+    """Ask ``worker`` to finish its leased batches and say when it has (RETURNED)."""
+
+    worker: Worker
+
+
+@dataclass(frozen=True, slots=True)
+class Revoke:
+    """Tell frontend ``fid`` the lease of the worker at ``jobs`` is over (``lost``: it is gone)."""
+
+    fid: bytes
+    jobs: str
+    lost: bool
+
+
+class Leases:
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.enabled = False  # the controller turns lending on (no token check per request)
+        self.reply_prefix: bytes | None = None  # what a frontend with a reply socket is named
+        self.holders: dict[str, bytes] = {}  # worker id -> the frontend it is lent to
+        self.lent_to: dict[str, set[bytes]] = {}  # worker id -> every frontend it was lent to
+        self.recalling: set[str] = set()  # worker ids recalled, not yet RETURNED
+
+    def holds(self, worker: Worker) -> bool:
+        return worker.id in self.holders
+
+    def lend(self, mv: ModelVersion, worker: Worker, fid: bytes, busy: Container[str]
+             ) -> list[Lend]:
+        """Lend ``worker``, which just answered frontend ``fid``, when its version is idle (no
+        request queued, none of its workers running a batch of ours: ``busy``, worker ids) and
+        the frontend holds no lease on it yet: each frontend of several may hold one."""
+        if (not self.enabled or worker.job_endpoint is None or not worker.is_serving
+                or worker.id in self.holders or worker.id in self.recalling
+                or mv.settings.continuous_batching or mv.settings.auto_batch
+                or mv.settings.max_latency_ms or len(mv.batcher) or self.reply_prefix is None
+                or not fid.startswith(self.reply_prefix)):
+            return []
+        for other in mv.workers.values():
+            if other.id in busy or self.holders.get(other.id) == fid:
+                return []
+        self.holders[worker.id] = fid
+        self.lent_to.setdefault(worker.id, set()).add(fid)
+        return [Lend(fid, protocol.Lease(mv.name, mv.version, self._is_default(mv),
+                                         worker.job_endpoint, mv.batcher.batch_size,
+                                         float(mv.settings.response_timeout)))]
+
+    def _is_default(self, mv: ModelVersion) -> bool:
+        return self.registry.default_version(mv.name) == mv.version
+
+    def available(self, worker: Worker) -> bool:
+        """Whether the controller may send ``worker`` a batch: neither lent nor recalled."""
+        return worker.id not in self.holders and worker.id not in self.recalling
+
+    def recall(self, worker: Worker) -> list[Lend | Revoke | Recall]:
+        """The controller needs lent ``worker``: the frontend stops sending it batches, and the
+        worker says when it has run those it got (:meth:`returned`)."""
+        revokes = self.take_back(worker)
+        self.recalling.add(worker.id)
+        return [*revokes, Recall(worker)]
+
+    def returned(self, worker: Worker) -> bool:
+        """``worker`` ran its leased batches: True if it was being recalled."""
+        if worker.id not in self.recalling:
+            return False
+        self.recalling.discard(worker.id)
+        return True
+
+    def take_back(self, worker: Worker) -> list[Revoke]:
+        """The lease of ``worker``, if any, ends (its default version changed, or it goes)."""
+        fid = self.holders.pop(worker.id, None)
+        if fid is None or worker.job_endpoint is None:
+            return []
+        return [Revoke(fid, worker.job_endpoint, False)]
+
+    def lost(self, worker: Worker) -> list[Revoke]:
+        """``worker`` is gone: every frontend it was ever lent to resends what it sent there
+        and has no answer for (one revoked meanwhile may still have a batch in it)."""
+        self.holders.pop(worker.id, None)
+        self.recalling.discard(worker.id)
+        fids = self.lent_to.pop(worker.id, set())
+        if worker.job_endpoint is None:
+            return []
+        return [Revoke(fid, worker.job_endpoint, True) for fid in sorted(fids)]
+
+    def borrowed(self, fid: bytes, jobs: str, workers: Iterable[Worker]) -> Worker | None:
+        """The worker at ``jobs`` if it was ever lent to frontend ``fid`` (which says a batch
+        it sent there hung)."""
+        for worker in workers:
+            if worker.job_endpoint == jobs and fid in self.lent_to.get(worker.id, ()):
+                return worker
+        return None
+
+    def of_model(self, name: str) -> list[Revoke]:
+        """Every lease on a worker of model ``name`` ends (its default version changed)."""
+        revokes: list[Revoke] = []
+        for mv in self.registry.all_versions():
+            if mv.name == name:
+                for worker in mv.workers.values():
+                    revokes += self.take_back(worker)
+        return revokes

@@ -1,0 +1,122 @@
+"""A frontend's side of a lease, against real ZeroMQ sockets standing in for the controller's
+frontend socket (ROUTER) and a lent worker's job socket (PULL)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import zmq
+from test_async_bridge import controller_socket, request
+
+from mservd import protocol
+from mservd.frontend_links import FrontendLinks
+from mservd.frontends.async_bridge import AsyncBridge
+
+
+async def received(sock: zmq.Socket, within: float = 5.0) -> list[bytes]:
+    for _ in range(int(within / 0.002)):
+        if sock.poll(0):
+            return sock.recv_multipart()
+        await asyncio.sleep(0.002)
+    raise AssertionError("nothing came")
+
+
+class Stage:
+    """The controller's socket, one worker's job socket, and the worker's line back."""
+
+    def __init__(self, tmp_path, timeout: float = 60.0) -> None:
+        self.ctx = zmq.Context()
+        self.endpoint = f"ipc://{tmp_path}/frontend.sock"
+        self.router = controller_socket(self.ctx, self.endpoint)
+        self.jobs_endpoint = f"ipc://{tmp_path}/jobs-1.sock"
+        self.jobs = self.ctx.socket(zmq.PULL)
+        self.jobs.setsockopt(zmq.LINGER, 0)
+        self.jobs.bind(self.jobs_endpoint)
+        self.links = FrontendLinks(self.ctx, f"ipc://{tmp_path}/backend.sock")
+        self.lease = protocol.Lease("m", "1.0", True, self.jobs_endpoint, 4, timeout)
+
+    async def lend_after_first(self, bridge: AsyncBridge) -> bytes:
+        """Answer one request as the controller, then lend the worker: the frontend's name."""
+        reply = asyncio.ensure_future(bridge.call(b"r0", request(b"r0"), 5.0))
+        fid, *_ = await received(self.router)
+        self.router.send_multipart([fid, *protocol.replies(
+            [protocol.Result(b"r0", protocol.head(200), b"via the controller")])])
+        assert (await reply).body == b"via the controller"
+        self.router.send_multipart([fid, *protocol.lease(self.lease)])
+        await asyncio.sleep(0.2)  # the LEASE lands and the frontend connects to the worker
+        return fid
+
+    def close(self) -> None:
+        self.links.close()
+        for sock in (self.router, self.jobs):
+            sock.close(linger=0)
+        self.ctx.term()
+
+
+def play(tmp_path, scene, timeout: float = 60.0) -> None:
+    """Run ``scene(stage, bridge)`` with a frontend's bridge on the stage, then clear it."""
+    stage = Stage(tmp_path, timeout)
+
+    async def main() -> None:
+        bridge = AsyncBridge(stage.endpoint)
+        try:
+            await scene(stage, bridge)
+        finally:
+            bridge.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        stage.close()
+
+
+def test_a_lent_worker_gets_the_frontends_requests_and_answers_them_itself(tmp_path) -> None:
+    async def scene(stage: Stage, bridge: AsyncBridge) -> None:
+        fid = await stage.lend_after_first(bridge)
+        call = asyncio.ensure_future(bridge.call(b"r1", request(b"r1"), 5.0))
+        frames = await received(stage.jobs)
+        assert frames[0] == protocol.BATCH
+        [job] = protocol.parse_batch(frames[1:])
+        assert (job.rid, job.fid, job.payloads) == (b"r1", fid, [b"payload of r1"])
+        answer = protocol.Result(b"r1", protocol.head(200), b"from the worker")
+        assert stage.links.deliver([job], [answer], wait=1.0)
+        assert (await call).body == b"from the worker"
+        assert not stage.router.poll(50)  # the controller saw none of it
+
+    play(tmp_path, scene)
+
+
+def test_requests_on_a_lost_workers_lease_go_through_the_controller_again(tmp_path) -> None:
+    async def scene(stage: Stage, bridge: AsyncBridge) -> None:
+        fid = await stage.lend_after_first(bridge)
+        call = asyncio.ensure_future(bridge.call(b"r1", request(b"r1"), 5.0))
+        await received(stage.jobs)  # the worker took it, and dies
+        stage.router.send_multipart([fid, *protocol.revoke(stage.jobs_endpoint, True)])
+        _, *frames = await received(stage.router)
+        [(route, _)] = protocol.parse_predictions(frames[1:])
+        assert route.rid == b"r1"
+        stage.router.send_multipart([fid, *protocol.replies(
+            [protocol.Result(b"r1", protocol.head(200), b"second try")])])
+        assert (await call).body == b"second try"
+        later = asyncio.ensure_future(bridge.call(b"r2", request(b"r2"), 5.0))
+        _, *frames = await received(stage.router)  # no lease any more
+        stage.router.send_multipart([fid, *protocol.replies(
+            [protocol.Result(b"r2", protocol.head(200), b"ok")])])
+        await later
+
+    play(tmp_path, scene)
+
+
+def test_a_leased_batch_that_hangs_is_answered_worker_died_and_reported(tmp_path) -> None:
+    async def scene(stage: Stage, bridge: AsyncBridge) -> None:
+        await stage.lend_after_first(bridge)
+        call = asyncio.ensure_future(bridge.call(b"r1", request(b"r1"), 10.0))
+        await received(stage.jobs)  # ... and never answered
+        _, *frames = await received(stage.router, within=3.0)
+        assert frames == protocol.overdue(stage.jobs_endpoint)
+        reply = await call
+        assert reply.status == 500
+        assert json.loads(reply.body)["message"] == "Worker died."
+
+    play(tmp_path, scene, timeout=0.05)
