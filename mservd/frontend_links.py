@@ -61,10 +61,13 @@ class FrontendLinks:
             return False
         try:
             sock = self._link(fid)
-            if wait and not sock.poll(wait * 1000.0, zmq.POLLOUT):
-                return False
-            sock.send_multipart(frames, zmq.NOBLOCK)
-        except (zmq.ZMQError, UnicodeDecodeError):  # Again: not connected (yet)
+            try:
+                sock.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:  # not connected (yet): ZeroMQ connects in the background
+                if not wait or not sock.poll(wait * 1000.0, zmq.POLLOUT):
+                    return False
+                sock.send_multipart(frames, zmq.NOBLOCK)
+        except (zmq.ZMQError, UnicodeDecodeError):  # Again, still: gone, or never there
             return False
         return True
 

@@ -33,6 +33,7 @@ from mservd.log_format import formatter, log_to_stderr
 from mservd.specs import WorkerSpec
 
 log = logging.getLogger("mservd.worker")
+EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)  # no enum math
 POLL_MS = 1000
 LINK_WAIT = 1.0  # seconds a leased batch's answer waits for its frontend's connection
 LEASED_PER_TURN = 8  # leased batches run before the controller's socket is read again
@@ -542,9 +543,9 @@ def _run_leased(jobs, batches: Batches, limit: int | None) -> None:
     """The leased batches waiting on the job socket, up to ``limit`` (None: all)."""
     done = 0
     while jobs is not None and (limit is None or done < limit):
-        if not jobs.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if not jobs.getsockopt(EVENTS) & POLLIN:
             return
-        batches.leased(jobs.recv_multipart(zmq.NOBLOCK))
+        batches.leased(jobs.recv_multipart(NOBLOCK))
         done += 1
 
 

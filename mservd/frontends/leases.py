@@ -44,14 +44,18 @@ class HeldLeases:
         """A LEASE: connect to the worker; it takes this version's requests, and those naming
         no version while it is the default."""
         self.end(lease.jobs)
+        keys = [(lease.model, lease.version)] + ([(lease.model, None)] if lease.default else [])
+        for key in keys:  # one lease per route: an older one it replaces ends
+            older = self.by_route.get(key)
+            if older is not None:
+                self.end(older.lease.jobs)
         sock = self.zctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)  # not connected (yet, or any more): the controller's way
         sock.connect(lease.jobs)
         held = Held(lease, sock)
-        self.by_route[(lease.model, lease.version)] = held
-        if lease.default:
-            self.by_route[(lease.model, None)] = held
+        for key in keys:
+            self.by_route[key] = held
 
     def end(self, jobs: str, lost: bool = False) -> list[list[bytes]]:
         """A REVOKE: the lease on ``jobs`` ends. ``lost``: the worker is gone; the PREDICT

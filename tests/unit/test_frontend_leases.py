@@ -120,3 +120,37 @@ def test_a_leased_batch_that_hangs_is_answered_worker_died_and_reported(tmp_path
         assert json.loads(reply.body)["message"] == "Worker died."
 
     play(tmp_path, scene, timeout=0.05)
+
+
+def test_held_leases_send_a_batch_per_lease_and_the_rest_to_the_controller(tmp_path) -> None:
+    from mservd.frontends.leases import HeldLeases
+
+    ctx = zmq.Context()
+    jobs = ctx.socket(zmq.PULL)
+    jobs.bind(f"ipc://{tmp_path}/jobs-1.sock")
+    held = HeldLeases(ctx, b"ipc://me")
+    try:
+        held.grant(protocol.Lease("m", "1.0", True, f"ipc://{tmp_path}/jobs-1.sock", 2, 60.0))
+        for _ in range(200):  # connected, as the bridge finds it by the next request
+            if held.by_route[("m", None)].sock.poll(10, zmq.POLLOUT):
+                break
+        explain = protocol.prediction(b"x", "m", None, None, protocol.CODEC_TORCHSERVE, [], {},
+                                      [], explain=True)
+        other = protocol.prediction(b"o", "other", None, None, protocol.CODEC_TORCHSERVE, [], {},
+                                    [])
+        r = {rid: request(rid) for rid in (b"r1", b"r2", b"r3", b"r4", b"r5", b"r6")}
+        rest = held.send([r[b"r1"], explain, r[b"r2"], other, r[b"r3"]])
+        assert rest == [explain, other, r[b"r3"]]  # a batch of two (the lease's); no explain
+        batch = protocol.parse_batch(jobs.recv_multipart()[1:])
+        assert [(q.rid, q.fid) for q in batch] == [(b"r1", b"ipc://me"), (b"r2", b"ipc://me")]
+        assert held.send([r[b"r4"]]) == [r[b"r4"]]  # one batch in flight
+        held.answered(b"r1")
+        assert held.send([r[b"r4"]]) == [r[b"r4"]]  # ... until all of it is answered
+        held.answered(b"r2")
+        assert held.send([r[b"r5"]]) == []
+        assert held.end(f"ipc://{tmp_path}/jobs-1.sock", lost=True) == [r[b"r5"]]
+        assert not held and held.send([r[b"r6"]]) == [r[b"r6"]]
+    finally:
+        held.close()
+        jobs.close(linger=0)
+        ctx.term()
