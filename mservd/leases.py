@@ -71,8 +71,7 @@ class Leases:
         the frontend holds no lease on it yet: each frontend of several may hold one."""
         if (not self.enabled or worker.job_endpoint is None or not worker.is_serving
                 or worker.id in self.holders or worker.id in self.recalling
-                or mv.settings.continuous_batching or mv.settings.auto_batch
-                or mv.settings.max_latency_ms or len(mv.batcher) or self.reply_prefix is None
+                or mv.settings.continuous_batching or len(mv.batcher) or self.reply_prefix is None
                 or not fid.startswith(self.reply_prefix)):
             return []
         for other in mv.workers.values():
@@ -80,8 +79,10 @@ class Leases:
                 return []
         self.holders[worker.id] = fid
         self.lent_to.setdefault(worker.id, set()).add(fid)
+        # an auto-batched version's sizes are the advisor's to try: a lone request at a time
+        batch = 1 if mv.settings.auto_batch else mv.batcher.batch_size
         return [Lend(fid, protocol.Lease(mv.name, mv.version, self._is_default(mv),
-                                         worker.job_endpoint, mv.batcher.batch_size,
+                                         worker.job_endpoint, batch,
                                          float(mv.settings.response_timeout)))]
 
     def _is_default(self, mv: ModelVersion) -> bool:

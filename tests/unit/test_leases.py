@@ -94,9 +94,10 @@ def test_a_lost_worker_tells_every_frontend_it_was_lent_to() -> None:
     assert not s.leases.holders and not s.leases.recalling
 
 
-def test_a_version_the_advisor_sizes_is_never_lent() -> None:
+def test_an_auto_batched_version_is_lent_a_request_at_a_time() -> None:
     s, mv = lending(workers=1, batch_size="auto")
-    assert serve_one(s, F1, b"a", 1.0)[1] == []
+    [lend] = serve_one(s, F1, b"a", 1.0)[1]
+    assert lend.lease.batch == 1  # the batch sizes are the advisor's to try
 
 
 def test_a_changed_default_version_ends_the_models_leases() -> None:
