@@ -12,7 +12,9 @@ goes (REVOKE, lost: the frontend sends what it had sent there through the contro
 Taking a lease back is a *recall*: REVOKE to the frontend, RECALL to the worker, which runs the
 leased batches it holds, reports them and answers RETURNED; only then does the controller send
 it a batch. Until then its requests wait in its queue, where their deadlines hold: the
-controller never queues work behind a leased batch it cannot see.
+controller never queues work behind a leased batch it cannot see. A version that had to recall a
+worker is busy enough that a new lease would only be recalled again: it lends nothing for
+``QUIET_AFTER_RECALL`` seconds.
 
 Only while token authorization is off (the controller checks each request's token) and the
 daemon's sockets are ``ipc://`` (a frontend then has a reply socket and a worker a job socket).
@@ -26,6 +28,9 @@ from dataclasses import dataclass
 from mservd import protocol
 from mservd.registry import ModelVersion, Registry
 from mservd.worker_handle import Worker
+
+
+QUIET_AFTER_RECALL = 1.0  # seconds a version lends nothing after it had to recall a worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +65,19 @@ class Leases:
         self.holders: dict[str, bytes] = {}  # worker id -> the frontend it is lent to
         self.lent_to: dict[str, set[bytes]] = {}  # worker id -> every frontend it was lent to
         self.recalling: set[str] = set()  # worker ids recalled, not yet RETURNED
+        self.recalled_at: dict[tuple[str, str], float] = {}  # version -> its last recall
 
     def holds(self, worker: Worker) -> bool:
         return worker.id in self.holders
 
-    def lend(self, mv: ModelVersion, worker: Worker, fid: bytes, busy: Container[str]
-             ) -> list[Lend]:
+    def lend(self, mv: ModelVersion, worker: Worker, fid: bytes, busy: Container[str],
+             now: float) -> list[Lend]:
         """Lend ``worker``, which just answered frontend ``fid``, when its version is idle (no
         request queued, none of its workers running a batch of ours: ``busy``, worker ids) and
-        the frontend holds no lease on it yet: each frontend of several may hold one."""
+        has not recalled one lately, and the frontend holds no lease on it yet: each frontend
+        of several may hold one."""
+        if now - self.recalled_at.get(mv.key, -QUIET_AFTER_RECALL) < QUIET_AFTER_RECALL:
+            return []
         if (not self.enabled or worker.job_endpoint is None or not worker.is_serving
                 or worker.id in self.holders or worker.id in self.recalling
                 or mv.settings.continuous_batching or len(mv.batcher) or self.reply_prefix is None
@@ -92,11 +101,13 @@ class Leases:
         """Whether the controller may send ``worker`` a batch: neither lent nor recalled."""
         return worker.id not in self.holders and worker.id not in self.recalling
 
-    def recall(self, worker: Worker) -> list[Lend | Revoke | Recall]:
+    def recall(self, worker: Worker, now: float) -> list[Revoke | Recall]:
         """The controller needs lent ``worker``: the frontend stops sending it batches, and the
         worker says when it has run those it got (:meth:`returned`)."""
         revokes = self.take_back(worker)
         self.recalling.add(worker.id)
+        if worker.mv is not None:
+            self.recalled_at[worker.mv.key] = now
         return [*revokes, Recall(worker)]
 
     def returned(self, worker: Worker) -> bool:

@@ -252,7 +252,7 @@ class Scheduler:
             ready = [w for w in idle if self.leases.available(w)]
             if not ready:  # only lent ones: one is called back, the queue waits for it
                 lent = [w for w in idle if self.leases.holds(w)]
-                return self.leases.recall(lent[0]) if lent else []
+                return self.leases.recall(lent[0], now) if lent else []
             idle = ready
         if not idle:
             return []
@@ -351,7 +351,7 @@ class Scheduler:
                 "The worker returned no answer for this request."), mv))
         more = self.dispatch(mv, now)
         if not more and fid is not None:  # nothing more to run: the frontend may send itself
-            more = self.leases.lend(mv, worker, fid, self.running)
+            more = self.leases.lend(mv, worker, fid, self.running, now)
         return actions + more
 
     def returned(self, worker: Worker, now: float) -> list[Action]:

@@ -87,9 +87,9 @@ def test_a_lost_worker_tells_every_frontend_it_was_lent_to() -> None:
     worker, _ = serve_one(s, F1, b"a", 1.0)
     s.submit(F2, route(b"b", 2.0), [], now=2.0)  # recalls it from F1
     [take] = s.returned(worker, now=2.05)
-    s.finished(take.worker, [ok(b"b")], now=2.1, answered=True)  # and it is lent to F2
+    s.finished(take.worker, [ok(b"b")], now=3.1, answered=True)  # and it is lent to F2
     assert s.leases.holders == {worker.id: F2}
-    assert s.worker_lost(worker, now=3.0) == [Revoke(F1, worker.job_endpoint, True),
+    assert s.worker_lost(worker, now=4.0) == [Revoke(F1, worker.job_endpoint, True),
                                              Revoke(F2, worker.job_endpoint, True)]
     assert not s.leases.holders and not s.leases.recalling
 
@@ -98,6 +98,15 @@ def test_an_auto_batched_version_is_lent_a_request_at_a_time() -> None:
     s, mv = lending(workers=1, batch_size="auto")
     [lend] = serve_one(s, F1, b"a", 1.0)[1]
     assert lend.lease.batch == 1  # the batch sizes are the advisor's to try
+
+
+def test_a_version_that_had_to_recall_a_worker_lends_nothing_for_a_while() -> None:
+    s, mv = lending(workers=1)
+    worker, _ = serve_one(s, F1, b"a", 1.0)
+    s.submit(F1, route(b"b", 2.0), [], now=2.0)  # a second request: the lease is recalled
+    [take] = s.returned(worker, now=2.01)
+    assert s.finished(take.worker, [ok(b"b")], now=2.02, answered=True) == []  # busy lately
+    assert [type(a) for a in serve_one(s, F1, b"c", 3.1)[1]] == [Lend]  # quiet again
 
 
 def test_a_changed_default_version_ends_the_models_leases() -> None:
