@@ -358,7 +358,7 @@ class Controller:
             for batch in protocol.parse_served(frames[2:]):
                 self.perform(self.scheduler.served(worker, batch))
         elif kind == protocol.RETURNED:  # a recalled worker is ours again
-            self.perform(self.scheduler.returned(worker, now))
+            self.perform(self.scheduler.returned(worker, now, used=frames[2:3] == [b"1"]))
             if worker.stop_requested and not self.scheduler.is_busy(worker):
                 self.supervisor.finish_stop(worker)
         elif kind == protocol.CHUNK:  # streamed parts: forwarded, their requests stay open

@@ -29,7 +29,8 @@ to it and forwarded as the same bytes::
     frontend -> worker      BATCH    | MSV1B | job | meta | inputs... | ... |   (on a lease)
     frontend -> controller  OVERDUE  | MSV1O | jobs |   (a leased batch ran past its timeout)
     controller -> worker    RECALL   | MSV1T |   (the lease ends: finish the leased batches)
-    worker -> controller    RETURNED | MSV1U |   (... done, and reported: it is idle)
+    worker -> controller    RETURNED | MSV1U | used ("1" or "") |   (... done and reported: it
+                                               is idle; used: it ran leased batches since)
     worker -> controller    SERVED   | MSV1E | [[fid, delivered, took, count], ...] | rid | head
                                      | body | ... |   (leased batches' answers; bodies empty
                                                        where delivered)
@@ -368,8 +369,9 @@ def recall() -> list[bytes]:
     return [RECALL]
 
 
-def returned() -> list[bytes]:
-    return [RETURNED]
+def returned(used: bool) -> list[bytes]:
+    """A recalled worker is idle again; ``used``: it ran leased batches since its last word."""
+    return [RETURNED, b"1" if used else b""]
 
 
 def revoke(jobs: str, lost: bool) -> list[bytes]:

@@ -252,7 +252,7 @@ class Scheduler:
             ready = [w for w in idle if self.leases.available(w)]
             if not ready:  # only lent ones: one is called back, the queue waits for it
                 lent = [w for w in idle if self.leases.holds(w)]
-                return self.leases.recall(lent[0], now) if lent else []
+                return self.leases.recall(lent[0]) if lent else []
             idle = ready
         if not idle:
             return []
@@ -325,6 +325,7 @@ class Scheduler:
         del self.running[worker.id]
         vm = self.metrics.version(mv.key)
         vm.batch.observe(len(running.requests))
+        self.leases.batch_ran(mv, len(running.requests))
         took = now - running.started
         vm.handler.observe(took)
         mv.batch_seconds += 0.2 * (took - mv.batch_seconds)
@@ -354,9 +355,10 @@ class Scheduler:
             more = self.leases.lend(mv, worker, fid, self.running, now)
         return actions + more
 
-    def returned(self, worker: Worker, now: float) -> list[Action]:
-        """A recalled worker ran its leased batches: it takes the queue's next batch."""
-        if not self.leases.returned(worker) or worker.mv is None:
+    def returned(self, worker: Worker, now: float, used: bool = True) -> list[Action]:
+        """A recalled worker ran its leased batches (``used``: it had some): it takes the
+        queue's next batch."""
+        if not self.leases.returned(worker, now, used) or worker.mv is None:
             return []
         return self.dispatch(worker.mv, now)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from test_scheduler import ok, route, setup
 
 from mservd import protocol
-from mservd.leases import Lend, Recall, Revoke
+from mservd.leases import LONE_BATCHES, Lend, Recall, Revoke
 from mservd.scheduler import Forward, SendBatch
 
 RUN = "ipc:///run/mservd"
@@ -19,6 +19,7 @@ def lending(workers: int = 2, **api):
     s.leases.reply_prefix = f"{RUN}/reply-".encode()
     for i, worker in enumerate(mv.workers.values()):
         worker.job_endpoint = f"{RUN}/jobs-{i}.sock"
+    s.leases.lone[mv.key] = LONE_BATCHES  # a lone client so far
     return s, mv
 
 
@@ -34,6 +35,17 @@ def test_an_idle_version_lends_the_worker_that_answered_to_its_frontend() -> Non
     worker, after = serve_one(s, F1, b"a", 1.0)
     assert after == [Lend(F1, protocol.Lease("m", "1.0", True, worker.job_endpoint, 4, 120.0))]
     assert s.leases.holds(worker)
+
+
+def test_a_version_lends_only_after_a_run_of_batches_of_one_request() -> None:
+    s, mv = lending(workers=1, batch_size=4)
+    for rid in (b"x", b"y"):  # two in one message: one batch of two
+        s.enqueue(F1, route(rid, 1.0), [], now=1.0)
+    [two] = s.dispatch(mv, now=1.0)
+    assert s.finished(two.worker, [ok(b"x"), ok(b"y")], now=1.1, answered=True) == []
+    for i in range(LONE_BATCHES - 1):  # lone requests again, but not yet enough of them
+        assert serve_one(s, F1, b"%d" % i, 2.0 + i)[1] == []
+    assert [type(a) for a in serve_one(s, F1, b"lent", 9.0)[1]] == [Lend]
 
 
 def test_nothing_is_lent_while_requests_queue_or_another_worker_runs() -> None:
@@ -107,6 +119,15 @@ def test_a_version_that_had_to_recall_a_worker_lends_nothing_for_a_while() -> No
     [take] = s.returned(worker, now=2.01)
     assert s.finished(take.worker, [ok(b"b")], now=2.02, answered=True) == []  # busy lately
     assert [type(a) for a in serve_one(s, F1, b"c", 3.1)[1]] == [Lend]  # quiet again
+
+
+def test_a_recalled_lease_never_used_does_not_stop_lending() -> None:
+    s, mv = lending(workers=1)
+    worker, _ = serve_one(s, F1, b"a", 1.0)
+    s.submit(F1, route(b"b", 1.01), [], now=1.01)  # came before the LEASE did: recalled
+    [take] = s.returned(worker, now=1.02, used=False)
+    assert [type(a) for a in s.finished(take.worker, [ok(b"b")], now=1.03, answered=True)] \
+        == [Lend]
 
 
 def test_a_changed_default_version_ends_the_models_leases() -> None:
