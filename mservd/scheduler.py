@@ -12,10 +12,11 @@ workers runs up to ``batch_size`` requests at once, a request is sent as soon as
 free, and each finishes (DONE) on its own; a client that goes away frees its slot
 (:class:`CancelRunning`). Its deadline moves with the worker's progress (each streamed part).
 
-A version left idle lends the worker that finished last to the frontend it answered
-(``leases.py``): a lent worker gets no batch here until it is recalled and has RETURNED
-(:meth:`Scheduler.returned`), and is recalled only when no worker of the version that is not
-lent is idle; what it runs on the lease it reports afterwards (:meth:`Scheduler.served`).
+A version idle after serving a lone client lends the worker that finished last to the
+frontend it answered (``leases.py``): a lent worker gets no batch here until it is recalled
+and has RETURNED (:meth:`Scheduler.returned`), and is recalled only when no worker of the
+version that is not lent is idle; what it runs on the lease it reports afterwards
+(:meth:`Scheduler.served`).
 """
 
 from __future__ import annotations
