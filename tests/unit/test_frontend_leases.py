@@ -154,3 +154,36 @@ def test_held_leases_send_a_batch_per_lease_and_the_rest_to_the_controller(tmp_p
         held.close()
         jobs.close(linger=0)
         ctx.term()
+
+
+def test_a_lease_granted_again_sends_at_once_on_the_link_it_kept(tmp_path) -> None:
+    """A worker recalled and lent again is still connected: the first request after the new
+    LEASE goes to it, not to the controller (which would recall it once more)."""
+    from mservd.frontends.leases import HeldLeases
+
+    ctx = zmq.Context()
+    endpoint = f"ipc://{tmp_path}/jobs-1.sock"
+    jobs = ctx.socket(zmq.PULL)
+    jobs.bind(endpoint)
+    held = HeldLeases(ctx, b"ipc://me")
+    lease = protocol.Lease("m", "1.0", True, endpoint, 1, 60.0)
+    try:
+        held.grant(lease)
+        for _ in range(200):
+            if held.by_route[("m", None)].sock.poll(10, zmq.POLLOUT):
+                break
+        assert held.send([request(b"r1")]) == []
+        held.answered(b"r1")
+        held.end(endpoint)  # REVOKE, the worker lives on
+        r2 = request(b"r2")
+        assert held.send([r2]) == [r2]
+        held.grant(lease)
+        assert held.send([request(b"r3")]) == []  # no wait for a new connection
+        sent = [protocol.parse_batch(jobs.recv_multipart()[1:])[0].rid for _ in range(2)]
+        assert sent == [b"r1", b"r3"]
+        held.end(endpoint, lost=True)
+        assert held.links == {}
+    finally:
+        held.close()
+        jobs.close(linger=0)
+        ctx.term()
