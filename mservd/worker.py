@@ -376,7 +376,9 @@ class Batches:
         attach_stream(context, self.chunks, max_response_size)
         self.tally: list[protocol.Served] = []  # leased batches not yet reported
         self.tally_since = 0.0
-        self.leased_since_recall = 0  # leased batches run since the controller last recalled
+        # leased batches run since the controller last recalled this worker or sent it a
+        # batch: a lease ended by a revoke (a new default, a rotated key) left it in use
+        self.leased_since_ours = 0
 
     def report(self) -> None:
         """Tell the controller of the leased batches answered since the last report."""
@@ -391,6 +393,7 @@ class Batches:
     def from_controller(self, frames: list[bytes]) -> None:
         """A BATCH the controller sent: answered straight to the frontends that asked when
         they all can be reached (ANSWERED), else through the controller (DONE)."""
+        self.leased_since_ours = 0
         try:
             requests = protocol.parse_batch(frames[1:])
             results = self._run(requests, None)
@@ -433,7 +436,7 @@ class Batches:
                 return
             results = protocol.parse_results(failed[1:])
         delivered = self.links.deliver(requests, results, wait=LINK_WAIT)
-        self.leased_since_recall += 1
+        self.leased_since_ours += 1
         if not self.tally:
             self.tally_since = began
         kept = results if not delivered else [protocol.Result(r.rid, r.head, b"") for r in results]
@@ -531,8 +534,8 @@ def _serve_batches(spec: WorkerSpec, sock, jobs, batches: Batches, parent: int) 
             elif kind == protocol.RECALL:  # the controller's batches next: ours first
                 _run_leased(jobs, batches, limit=None)
                 batches.report()
-                sock.send_multipart(protocol.returned(batches.leased_since_recall > 0))
-                batches.leased_since_recall = 0
+                sock.send_multipart(protocol.returned(batches.leased_since_ours > 0))
+                batches.leased_since_ours = 0
             else:
                 log.error("worker dropped a message of kind %r", kind[:8])
         if jobs in ready:
