@@ -1,13 +1,16 @@
 """Token authorization: the three keys, their expiry, and the key file users read them from.
 
 Keys live in the controller alone; frontends forward the bearer token they received and the
-controller checks it with a constant-time comparison. The key file has TorchServe's layout and
-is written with mode 0600.
+controller checks it with a constant-time comparison. A frontend lent a worker (``leases.py``)
+checks the inference token itself, against the key's SHA-256 digest and expiry that came with
+the lease; a rotation ends every lease. The key file has TorchServe's layout and is written
+with mode 0600.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import hmac
 import json
 import os
@@ -57,6 +60,11 @@ class KeyStore:
         if expiry is not None and self.clock() > expiry:
             raise Unauthorized(f"Token authorization failed: the {api} key has expired. "
                                "Rotate it with GET /token?type=" + api)
+
+    def inference_check(self) -> tuple[bytes, float]:
+        """What a frontend holding a lease checks an inference token against: the key's
+        SHA-256 digest (never the key itself) and its expiry."""
+        return hashlib.sha256(self.keys[INFERENCE].encode()).digest(), self.expires[INFERENCE]
 
     def rotate(self, api_token: str | None, kind: str) -> str:
         """Replace the inference or management key; needs the API key."""

@@ -495,6 +495,16 @@ class Settings:
             _at_least(1),
         ),
     )
+    lend_idle_workers: bool = field(
+        default=True,
+        metadata=_meta(
+            "lend_idle_workers",
+            "While a model version serves a lone client, lend its idle worker to that client's "
+            "frontend, which then sends it requests past the controller (lower latency; "
+            "docs/architecture.md). Such requests reach the counters within 10 ms of their "
+            "answer, not on arrival; false sends every request through the controller's queue.",
+        ),
+    )
     frontend_connections: int = field(
         default=1000,
         metadata=_meta(

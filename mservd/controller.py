@@ -99,8 +99,8 @@ class Controller:
                                "log_level": settings.log_level,
                                "log_format": settings.log_format,
                                "install_py_dep_per_model": settings.install_py_dep_per_model,
-                               # a job socket only where leases are given (leases.py)
-                               "lendable": keys is None},
+                               # a job socket (leases.py)
+                               "lendable": settings.lend_idle_workers},
         )
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mservd-unpack")
         self.tasks: list[tuple[Future, Callable[[Future], None]]] = []
@@ -124,8 +124,8 @@ class Controller:
         self.zctx = zmq.Context()
         self.front = self._bind(zmq.ROUTER, self.frontend_endpoint)
         self.back = self._bind(zmq.ROUTER, self.backend_endpoint)
-        # lend idle workers only where no token is checked per request (this loop checks it)
-        self.scheduler.leases.enabled = self.keys is None
+        self.scheduler.leases.enabled = self.settings.lend_idle_workers
+        self.scheduler.leases.key = None if self.keys is None else self.keys.inference_check()
         self.scheduler.leases.reply_prefix = protocol.reply_prefix(self.backend_endpoint)
         self.supervisor.start()
 
@@ -449,6 +449,12 @@ class Controller:
             self.supervisor.stop_worker(worker, self.scheduler.is_busy(worker))
         self.supervisor.forget(mv)
         self.retired.append(mv)
+
+    def inference_key_changed(self) -> None:
+        """A rotated inference key: no frontend may check tokens against the old one."""
+        assert self.keys is not None
+        self.scheduler.leases.key = self.keys.inference_check()
+        self.perform(self.scheduler.leases.of_model(None))
 
     def default_changed(self, name: str) -> None:
         """Requests for ``name`` naming no version now go elsewhere: no lent worker of the

@@ -22,8 +22,11 @@ which the worker's direct answer outruns. An open loop at 0.9x of tiny's capacit
 1.4 % of its requests with leases granted at every idle moment against 0.1 % without (4
 rounds).
 
-Only while token authorization is off (the controller checks each request's token) and the
-daemon's sockets are ``ipc://`` (a frontend then has a reply socket and a worker a job socket).
+Under token authorization the lease carries the inference key's SHA-256 digest and expiry:
+the frontend sends a request to the worker only if its token hashes to that digest before
+then, and any other to the controller, which refuses it (401) as always. Rotating the key ends
+every lease. Only while the daemon's sockets are ``ipc://`` (a frontend then has a reply
+socket and a worker a job socket), all in the daemon's private run folder.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from mservd.worker_handle import Worker
 
 
 QUIET_AFTER_RECALL = 1.0  # seconds a version lends nothing after recalling a worker it used
+RECALL_GRACE = 0.01  # seconds of a recall that count against no queued request's deadline
 LONE_BATCHES = 4  # batches of one request in a row before a version lends
 
 
@@ -67,11 +71,12 @@ class Revoke:
 class Leases:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
-        self.enabled = False  # the controller turns lending on (no token check per request)
+        self.enabled = False  # the controller turns lending on once its sockets are bound
+        self.key: tuple[bytes, float] | None = None  # the inference key's digest and expiry
         self.reply_prefix: bytes | None = None  # what a frontend with a reply socket is named
         self.holders: dict[str, bytes] = {}  # worker id -> the frontend it is lent to
         self.lent_to: dict[str, set[bytes]] = {}  # worker id -> every frontend it was lent to
-        self.recalling: set[str] = set()  # worker ids recalled, not yet RETURNED
+        self.recalling: dict[str, float] = {}  # worker id -> when recalled, not yet RETURNED
         self.recalled_at: dict[tuple[str, str], float] = {}  # version -> its last recall
         self.lone: dict[tuple[str, str], int] = {}  # version -> its batches of one in a row
 
@@ -99,9 +104,10 @@ class Leases:
         self.lent_to.setdefault(worker.id, set()).add(fid)
         # an auto-batched version's sizes are the advisor's to try: a lone request at a time
         batch = 1 if mv.settings.auto_batch else mv.batcher.batch_size
+        digest, expires = self.key if self.key is not None else (None, None)
         return [Lend(fid, protocol.Lease(mv.name, mv.version, self._is_default(mv),
                                          worker.job_endpoint, batch,
-                                         float(mv.settings.response_timeout)))]
+                                         float(mv.settings.response_timeout), digest, expires))]
 
     def batch_ran(self, mv: ModelVersion, size: int) -> None:
         """Count a batch of ours: only a run of batches of one request each lets it lend."""
@@ -114,19 +120,28 @@ class Leases:
         """Whether the controller may send ``worker`` a batch: neither lent nor recalled."""
         return worker.id not in self.holders and worker.id not in self.recalling
 
-    def recall(self, worker: Worker) -> list[Revoke | Recall]:
+    def recall(self, worker: Worker, now: float) -> list[Revoke | Recall]:
         """The controller needs lent ``worker``: the frontend stops sending it batches, and the
         worker says when it has run those it got (:meth:`returned`)."""
         revokes = self.take_back(worker)
-        self.recalling.add(worker.id)
+        self.recalling[worker.id] = now
         return [*revokes, Recall(worker)]
+
+    def just_recalled(self, mv: ModelVersion, now: float) -> bool:
+        """Whether ``mv`` waits on a recall younger than ``RECALL_GRACE``: its queued requests
+        are not timed out meanwhile. A worker back that soon was idle, and without the lease
+        would have taken them at once (a request with a deadline of 0 ms included); one that
+        takes longer was running leased work, and their deadlines hold (they are answered 504
+        at the deadline, not when it is back)."""
+        return any(now - self.recalling.get(worker.id, -RECALL_GRACE) < RECALL_GRACE
+                   for worker in mv.workers.values())
 
     def returned(self, worker: Worker, now: float, used: bool) -> bool:
         """``worker`` ran its leased batches (``used``: it had some): True if it was being
         recalled."""
         if worker.id not in self.recalling:
             return False
-        self.recalling.discard(worker.id)
+        del self.recalling[worker.id]
         if used and worker.mv is not None:
             self.recalled_at[worker.mv.key] = now
         return True
@@ -142,7 +157,7 @@ class Leases:
         """``worker`` is gone: every frontend it was ever lent to resends what it sent there
         and has no answer for (one revoked meanwhile may still have a batch in it)."""
         self.holders.pop(worker.id, None)
-        self.recalling.discard(worker.id)
+        self.recalling.pop(worker.id, None)
         fids = self.lent_to.pop(worker.id, set())
         if worker.job_endpoint is None:
             return []
@@ -156,11 +171,12 @@ class Leases:
                 return worker
         return None
 
-    def of_model(self, name: str) -> list[Revoke]:
-        """Every lease on a worker of model ``name`` ends (its default version changed)."""
+    def of_model(self, name: str | None) -> list[Revoke]:
+        """Every lease on a worker of model ``name`` ends (its default version changed), or
+        every lease of all (``None``: the inference key changed)."""
         revokes: list[Revoke] = []
         for mv in self.registry.all_versions():
-            if mv.name == name:
+            if name is None or mv.name == name:
                 for worker in mv.workers.values():
                     revokes += self.take_back(worker)
         return revokes

@@ -25,6 +25,7 @@ from archiver import ArchiveError, UnpackLimits
 from archiver.manifest import validate_model_name, validate_version
 from mservd import model_folder, overview
 from mservd.advisor import advise
+from mservd.auth import INFERENCE
 from mservd.config import ConfigError, read_model_yaml, resolve_model_settings, to_bool, to_int
 from mservd.errors import (
     BadRequest,
@@ -67,6 +68,8 @@ class ModelService(Protocol):
     def retire(self, mv: ModelVersion) -> None: ...
 
     def default_changed(self, name: str) -> None: ...
+
+    def inference_key_changed(self) -> None: ...
 
     def reconcile_pools(self, now: float) -> None: ...
 
@@ -530,6 +533,8 @@ class Management:
             raise BadRequest("Token authorization is disabled; there are no keys to rotate.")
         kind = args.get("type") or ""
         key = self.ctl.keys.rotate(token, kind)
+        if kind == INFERENCE:
+            self.ctl.inference_key_changed()
         return Reply(200, {"type": kind, "key": key})
 
     def op_metrics(self, args: dict[str, Any], respond: Respond):

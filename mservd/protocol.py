@@ -332,7 +332,9 @@ def job_endpoint(backend: str, pid: int) -> str | None:
 class Lease:
     """Worker ``jobs`` of ``model`` ``version`` is the frontend's to send up to ``batch``
     requests at a time, requests naming no version too when it is the ``default``; a batch
-    unanswered after ``timeout`` seconds (the version's response timeout) has hung."""
+    unanswered after ``timeout`` seconds (the version's response timeout) has hung. Under
+    token authorization only requests whose token hashes (SHA-256) to ``key_digest`` may go,
+    until ``key_expires`` (seconds since the epoch); the others go to the controller."""
 
     model: str
     version: str
@@ -340,12 +342,15 @@ class Lease:
     jobs: str
     batch: int
     timeout: float
+    key_digest: bytes | None = None
+    key_expires: float | None = None
 
 
 def lease(grant: Lease) -> list[bytes]:
     return [LEASE, packb({"model": grant.model, "version": grant.version,
                           "default": grant.default, "jobs": grant.jobs, "batch": grant.batch,
-                          "timeout": grant.timeout})]
+                          "timeout": grant.timeout, "key": grant.key_digest,
+                          "expires": grant.key_expires})]
 
 
 def parse_lease(frame: bytes) -> Lease:
@@ -353,11 +358,16 @@ def parse_lease(frame: bytes) -> Lease:
     if not (isinstance(info, dict) and isinstance(info.get("model"), str)
             and isinstance(info.get("version"), str) and isinstance(info.get("jobs"), str)
             and isinstance(info.get("batch"), int) and info["batch"] >= 1
-            and isinstance(info.get("timeout"), (int, float)) and info["timeout"] > 0):
+            and isinstance(info.get("timeout"), (int, float)) and info["timeout"] > 0
+            and (info.get("key") is None) == (info.get("expires") is None)
+            and isinstance(info.get("key"), (bytes, type(None)))
+            and isinstance(info.get("expires"), (int, float, type(None)))):
         raise ProtocolError("a LEASE header must be {model, version, default, jobs, batch, "
-                            "timeout}")
+                            "timeout, key, expires}")
+    expires = info.get("expires")
     return Lease(info["model"], info["version"], bool(info.get("default")), info["jobs"],
-                 info["batch"], float(info["timeout"]))
+                 info["batch"], float(info["timeout"]), info.get("key"),
+                 None if expires is None else float(expires))
 
 
 def overdue(jobs: str) -> list[bytes]:

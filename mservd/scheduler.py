@@ -253,7 +253,7 @@ class Scheduler:
             ready = [w for w in idle if self.leases.available(w)]
             if not ready:  # only lent ones: one is called back, the queue waits for it
                 lent = [w for w in idle if self.leases.holds(w)]
-                return self.leases.recall(lent[0]) if lent else []
+                return self.leases.recall(lent[0], now) if lent else []
             idle = ready
         if not idle:
             return []
@@ -445,6 +445,8 @@ class Scheduler:
                 actions.append(KillWorker(worker, f"batch ran past response_timeout "
                                                   f"({running.mv.settings.response_timeout} s)"))
         for mv in self.registry.all_versions():
+            if self.leases.recalling and self.leases.just_recalled(mv, now):
+                continue  # its worker may be idle, back at once: the queue waits for it untimed
             for pending in mv.batcher.expire(now):
                 waited = now - pending.arrived
                 actions.append(self.refuse(pending.fid, pending.rid, DeadlineExceeded(

@@ -47,7 +47,7 @@ class WorkerSpec(Spec):
     install_py_dep_per_model: bool = False
     server_version: str = "mservd"
     limit_max_image_pixels: bool = True
-    lendable: bool = False  # bind a job socket: the controller may lend it (no token auth)
+    lendable: bool = False  # bind a job socket: the controller may lend the worker
 
 
 @dataclass(frozen=True)

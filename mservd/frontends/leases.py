@@ -3,11 +3,14 @@ it, and the batches it sent them itself.
 
 The bridge hands every turn's predictions here first (:meth:`HeldLeases.send`); those for a
 version whose lent worker has no batch of this frontend's running leave for the worker's job
-socket as one BATCH, the others go to the controller as before. The answer comes back on the
-reply socket like any direct answer (:meth:`answered` frees the lease for the next batch). A
-lease ends when the controller says so (REVOKE); if the worker is gone, the requests sent it
-without an answer are handed back to go through the controller. A batch unanswered past the
-lease's timeout has hung: :meth:`overdue` gives it up, for the bridge to answer and report.
+socket as one BATCH, the others go to the controller as before. Under token authorization a
+request goes to the worker only if its token is the inference key (its SHA-256 digest came
+with the lease) and the key has not expired: any other goes to the controller, which answers
+401 as it always did. The answer comes back on the reply socket like any direct answer
+(:meth:`answered` frees the lease for the next batch). A lease ends when the controller says
+so (REVOKE); if the worker is gone, the requests sent it without an answer are handed back to
+go through the controller. A batch unanswered past the lease's timeout has hung:
+:meth:`overdue` gives it up, for the bridge to answer and report.
 
 The link to a worker's job socket outlives its lease and closes only when the worker is gone:
 connecting takes a turn of ZeroMQ's I/O thread, and a request meeting a link not yet connected
@@ -18,6 +21,8 @@ instead of 36). Closing a link at a revoke could also drop a batch it had not ye
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -105,7 +110,7 @@ class HeldLeases:
         for frames in outbox:
             route = protocol.parse_route(frames[1])
             held = self.by_route.get((route.model, route.version))
-            if held is None or held.running or route.explain:
+            if held is None or held.running or route.explain or not self._allowed(held, route):
                 rest.append(frames)
                 continue
             _, taken = batches.setdefault(id(held), (held, []))
@@ -117,6 +122,17 @@ class HeldLeases:
             if not self._send_batch(held, taken):
                 rest.extend(frames for _, frames in taken)
         return rest
+
+    @staticmethod
+    def _allowed(held: Held, route: protocol.Route) -> bool:
+        """Whether the request's token lets it go to the worker (always, without keys)."""
+        lease = held.lease
+        if lease.key_digest is None:
+            return True
+        if not route.token or lease.key_expires is None or time.time() > lease.key_expires:
+            return False
+        digest = hashlib.sha256(route.token.encode()).digest()
+        return hmac.compare_digest(digest, lease.key_digest)
 
     def _send_batch(self, held: Held, taken: Sequence[tuple[bytes, list[bytes]]]) -> bool:
         message = [protocol.BATCH]

@@ -112,9 +112,11 @@ DOOR_ROUTES = {  # route: (path, how its body wraps one request, where its error
 @pytest.mark.parametrize("route", DOOR_ROUTES)
 def test_a_fast_model_gets_no_more_in_flight_than_it_answers_in_the_wait(daemon_factory,
                                                                           route) -> None:
+    # every request through the controller's queue: the test knows what is in flight by its
+    # count, which a lent worker's requests reach only once answered
     daemon = daemon_factory({"load_models": "echo.mar", "batch_size": 1,
                              "default_workers_per_model": 2, "frontend_workers": 1,
-                             "max_queue_wait_ms": 100})
+                             "max_queue_wait_ms": 100, "lend_idle_workers": "false"})
     path, wrap, why = DOOR_ROUTES[route]
     session = requests.Session()
     session.headers["Authorization"] = f"Bearer {daemon.key('inference')}"

@@ -1,6 +1,8 @@
-"""An idle worker lent to a frontend (``mservd/leases.py``), against the real daemon with token
-authorization off: requests past the queue are answered and counted, and a lease never outlives
-what it stands for — a changed default version, a worker killed or hung mid-request."""
+"""An idle worker lent to a frontend (``mservd/leases.py``), against the real daemon (mostly with
+token authorization off, to keep the requests short): requests past the queue are answered and
+counted, only with the live inference key when tokens are checked, and a lease never outlives
+what it stands for — a rotated key, a changed default version, a worker killed or hung
+mid-request."""
 
 from __future__ import annotations
 
@@ -41,14 +43,26 @@ def test_a_lone_client_is_answered_by_a_lent_worker_and_every_request_counted(
     assert leased(daemon) >= 30  # after the first few, none passed the controller's queue
 
 
-def test_a_lease_is_not_given_while_tokens_are_checked(daemon_factory) -> None:
+def test_under_token_authorization_a_lease_serves_only_the_live_inference_key(
+        daemon_factory) -> None:
     daemon = daemon_factory({"load_models": "echo.mar"})  # token authorization on
     sequential(daemon, 20)
     wait_until(lambda: daemon.metrics().get(f"ts_inference_requests_total{ECHO}") == 20, 10,
                "every request counted")
-    assert leased(daemon) == 0
-    no_token = requests.post(daemon.url("inference", "/predictions/echo"), json={}, timeout=10)
-    assert no_token.status_code == 401
+    assert leased(daemon) >= 10
+    url = daemon.url("inference", "/predictions/echo")
+    for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+        refused = requests.post(url, json={}, headers=headers, timeout=10)
+        assert refused.status_code == 401, refused.text
+    old = daemon.key("inference")
+    rotated = requests.get(daemon.url("management", "/token"), params={"type": "inference"},
+                           headers={"Authorization": f"Bearer {daemon.key('API')}"}, timeout=10)
+    assert rotated.status_code == 200, rotated.text
+    stale = requests.post(url, json={}, headers={"Authorization": f"Bearer {old}"}, timeout=10)
+    assert stale.status_code == 401, stale.text  # the lease checked the old key's digest
+    before = leased(daemon)
+    assert [b["echo"] for b in sequential(daemon, 20)] == [{"i": i} for i in range(20)]
+    wait_until(lambda: leased(daemon) >= before + 10, 10, "the new key's requests on a lease")
 
 
 def test_a_new_default_version_answers_the_next_request_despite_a_lease(daemon_factory) -> None:

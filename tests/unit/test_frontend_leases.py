@@ -187,3 +187,43 @@ def test_a_lease_granted_again_sends_at_once_on_the_link_it_kept(tmp_path) -> No
         held.close()
         jobs.close(linger=0)
         ctx.term()
+
+
+def test_under_token_authorization_only_a_live_inference_key_goes_to_the_lent_worker(
+        tmp_path) -> None:
+    """The lease carries the key's SHA-256 digest and expiry: a wrong, missing or expired
+    token goes to the controller (which answers 401), never to the worker."""
+    import hashlib
+    import time
+
+    from mservd.frontends.leases import HeldLeases
+
+    def with_token(rid: bytes, token: str | None) -> list[bytes]:
+        return protocol.prediction(rid, "m", None, token, protocol.CODEC_TORCHSERVE,
+                                   [("body", "text/plain")], {}, [b"payload"])
+
+    ctx = zmq.Context()
+    endpoint = f"ipc://{tmp_path}/jobs-1.sock"
+    jobs = ctx.socket(zmq.PULL)
+    jobs.bind(endpoint)
+    held = HeldLeases(ctx, b"ipc://me")
+    digest = hashlib.sha256(b"the-key").digest()
+    try:
+        held.grant(protocol.Lease("m", "1.0", True, endpoint, 1, 60.0, digest,
+                                  time.time() + 60))
+        for _ in range(200):
+            if held.by_route[("m", None)].sock.poll(10, zmq.POLLOUT):
+                break
+        refused = [with_token(b"no", None), with_token(b"wrong", "not-the-key")]
+        assert held.send(refused) == refused
+        assert held.send([with_token(b"good", "the-key")]) == []
+        assert protocol.parse_batch(jobs.recv_multipart()[1:])[0].rid == b"good"
+        held.answered(b"good")
+        held.grant(protocol.Lease("m", "1.0", True, endpoint, 1, 60.0, digest,
+                                  time.time() - 1))  # the key has expired
+        late = with_token(b"late", "the-key")
+        assert held.send([late]) == [late]
+    finally:
+        held.close()
+        jobs.close(linger=0)
+        ctx.term()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from test_scheduler import ok, route, setup
 
 from mservd import protocol
-from mservd.leases import LONE_BATCHES, Lend, Recall, Revoke
+from mservd.leases import LONE_BATCHES, RECALL_GRACE, Lend, Recall, Revoke
 from mservd.scheduler import Forward, SendBatch
 
 RUN = "ipc:///run/mservd"
@@ -59,12 +59,23 @@ def test_nothing_is_lent_while_requests_queue_or_another_worker_runs() -> None:
     assert not s.leases.holders
 
 
-def test_no_lease_with_token_authorization_or_to_a_frontend_without_a_reply_socket() -> None:
+def test_no_lease_before_the_controller_turns_lending_on_or_to_a_frontend_without_a_reply_socket(
+        ) -> None:
     s, mv = lending()
-    s.leases.enabled = False  # the controller checks every request's token
+    s.leases.enabled = False  # the controller's sockets are not bound yet
     assert serve_one(s, F1, b"a", 1.0)[1] == []
     s.leases.enabled = True
     assert serve_one(s, b"frontend-by-name", b"b", 2.0)[1] == []
+
+
+def test_under_token_authorization_a_lease_carries_the_key_digest_and_a_rotation_ends_it(
+        ) -> None:
+    s, mv = lending(batch_size=4)
+    s.leases.key = (b"digest-1", 5000.0)
+    worker, [lend] = serve_one(s, F1, b"a", 1.0)
+    assert (lend.lease.key_digest, lend.lease.key_expires) == (b"digest-1", 5000.0)
+    assert s.leases.of_model(None) == [Revoke(F1, worker.job_endpoint, False)]
+    assert not s.leases.holders
 
 
 def test_each_frontend_holds_one_lease_per_version() -> None:
@@ -92,6 +103,18 @@ def test_a_lent_worker_is_recalled_only_when_no_other_is_idle_and_gets_the_batch
     assert isinstance(take, SendBatch) and take.worker is lent
     assert [p.rid for p in take.requests] == [b"d"] and not s.leases.holds(lent)
     assert s.returned(lent, now=2.2) == []  # a second word changes nothing
+
+
+def test_a_request_waiting_on_a_quick_recall_runs_even_with_a_deadline_of_zero() -> None:
+    """An idle lent worker comes back within RECALL_GRACE: what waited for it is not timed
+    out meanwhile (without the lease it would have run at once)."""
+    s, mv = lending(workers=1)
+    lent, _ = serve_one(s, F1, b"a", 1.0)
+    assert [type(a) for a in s.submit(F2, route(b"now", 2.0, timeout_ms=0), [], now=2.0)] == [
+        Revoke, Recall]
+    assert s.tick(now=2.0 + RECALL_GRACE / 2) == []
+    [take] = s.returned(lent, now=2.0 + RECALL_GRACE * 0.9, used=False)
+    assert [p.rid for p in take.requests] == [b"now"]
 
 
 def test_a_lost_worker_tells_every_frontend_it_was_lent_to() -> None:

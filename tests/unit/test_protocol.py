@@ -155,7 +155,12 @@ def test_protocol_leases_round_trip_and_a_malformed_one_is_an_error() -> None:
     grant = protocol.Lease("m", "1.0", True, "ipc:///run/jobs-7.sock", 8, 120.0)
     [kind, frame] = protocol.lease(grant)
     assert kind == protocol.LEASE and protocol.parse_lease(frame) == grant
-    for bad in ({"model": "m"}, {**protocol.unpackb(frame), "batch": 0}, [1, 2]):
+    keyed = protocol.Lease("m", "1.0", True, "ipc:///run/jobs-7.sock", 8, 120.0, b"\x01" * 32,
+                           1.8e9)
+    assert protocol.parse_lease(protocol.lease(keyed)[1]) == keyed
+    for bad in ({"model": "m"}, {**protocol.unpackb(frame), "batch": 0}, [1, 2],
+                {**protocol.unpackb(frame), "key": b"digest"},  # a key with no expiry
+                {**protocol.unpackb(frame), "key": "text", "expires": 1.0}):
         with pytest.raises(protocol.ProtocolError):
             protocol.parse_lease(protocol.packb(bad))
     assert protocol.revoke("ipc:///run/jobs-7.sock", True) == [
