@@ -47,6 +47,7 @@ from mservd.scheduler import (
 )
 from mservd.supervisor import Supervisor, describe_exit
 from mservd.waiter import Waiter
+from mservd.zygote import Zygote
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,8 @@ def key_for(op: str, api: str | None) -> str | None:
 
 class Controller:
     def __init__(self, settings: Settings, frontend_endpoint: str, backend_endpoint: str,
-                 run_dir: Path, keys: KeyStore | None, gpu_count: int) -> None:
+                 run_dir: Path, keys: KeyStore | None, gpu_count: int,
+                 zygote: Zygote | None = None) -> None:
         self.settings = settings
         self.run_dir = run_dir
         self.keys = keys
@@ -101,6 +103,7 @@ class Controller:
                                "install_py_dep_per_model": settings.install_py_dep_per_model,
                                # a job socket (leases.py)
                                "lendable": settings.lend_idle_workers},
+            zygote=zygote,
         )
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mservd-unpack")
         self.tasks: list[tuple[Future, Callable[[Future], None]]] = []

@@ -28,6 +28,7 @@ from mservd.frontends.processes import Frontends
 from mservd.log_format import formatter
 from mservd.model_folder import is_model_folder
 from mservd.supervisor import detect_gpus
+from mservd.zygote import Zygote
 
 log = logging.getLogger("mservd")
 
@@ -148,9 +149,6 @@ class Daemon:
         self.warnings: list[str] = []
 
     def run(self, to_stderr: bool = True) -> int:
-        from mservd.controller import Controller
-        from mservd.protocol import Reply
-
         settings = self.settings
         self.log_dir.mkdir(parents=True, exist_ok=True)
         pid = running_pid(self.log_dir)
@@ -171,6 +169,12 @@ class Daemon:
                                  "the inference, management and metrics addresses a port each.")
             self.ports[what.split("_")[0]] = port
         self._addresses = self.addresses()
+        # the zygote imports torch (most of the time to ready) while the rest of us starts
+        zygote = Zygote()
+        zygote.start()
+        from mservd.controller import Controller
+        from mservd.protocol import Reply
+
         state_path(self.log_dir).unlink(missing_ok=True)
         pid_path(self.log_dir).write_text(str(os.getpid()))
         run_dir = Path(tempfile.mkdtemp(prefix="mservd-"))
@@ -180,7 +184,7 @@ class Daemon:
             keys = KeyStore(key_file, settings.token_expiration_min)
         gpus = settings.number_of_gpu if settings.number_of_gpu is not None else detect_gpus()
         controller = Controller(settings, f"ipc://{run_dir}/frontend.sock",
-                                f"ipc://{run_dir}/backend.sock", run_dir, keys, gpus)
+                                f"ipc://{run_dir}/backend.sock", run_dir, keys, gpus, zygote)
         controller.start()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)

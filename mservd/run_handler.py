@@ -32,7 +32,7 @@ from typing import Any
 import click
 import yaml
 
-from mservd import protocol, worker
+from mservd import protocol
 from mservd.payload import JSON_TYPE, media_type
 
 __all__ = ["HandlerFailed", "run_handler_command"]
@@ -137,6 +137,7 @@ def run_batch(archive: Path, inputs: list[Input], clock: PhaseClock) -> Outcome:
 
     import archiver
     import handlers
+    from mservd import worker  # here, not at the top: every ``mservd`` command imports us
 
     with tempfile.TemporaryDirectory(prefix="mservd-run-handler-") as tmp:
         model_dir = Path(tmp) / "model"

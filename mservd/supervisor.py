@@ -51,6 +51,7 @@ class Supervisor:
         gpu_count: int,
         send_stop: Callable[[Worker], None],
         worker_spec_extra: dict[str, Any] | None = None,
+        zygote: Zygote | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.log_dir = log_dir
@@ -62,11 +63,12 @@ class Supervisor:
         self._next_id = 9000
         self._next_gpu = 0
         self._logs: dict[str, Any] = {}
-        self.zygote = Zygote()
+        self.zygote = zygote if zygote is not None else Zygote()  # started early, maybe
 
     def start(self) -> None:
         """Start the zygote: torch imports there while the frontends start."""
-        self.zygote.start()
+        if self.zygote.proc is None:
+            self.zygote.start()
 
     # -- verbs ---------------------------------------------------------------
 
