@@ -16,9 +16,11 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
+from collections.abc import Container
 from typing import Any
 
 import zmq
@@ -343,21 +345,82 @@ def _describe_failure(exc: BaseException) -> tuple[int, str, str]:
     return 500, "InternalServerException", f"{type(exc).__name__}: {message}"
 
 
-def bind_jobs(zctx: zmq.Context, backend: str) -> tuple[Any, str | None]:
-    """The job socket frontends send leased batches to (``leases.py``); (None, None) where
-    there is none (not ``ipc://``, or the bind fails): the worker is then never lent."""
-    endpoint = protocol.job_endpoint(backend, os.getpid())
-    if endpoint is None:
-        return None, None
-    jobs = zctx.socket(zmq.PULL)
-    jobs.setsockopt(zmq.LINGER, 0)
-    try:
-        jobs.bind(endpoint)
-    except zmq.ZMQError as exc:
-        log.warning("no job socket at %s (%s): this worker is never lent", endpoint, exc)
-        jobs.close(linger=0)
-        return None, None
-    return jobs, endpoint
+class JobSocket:
+    """A worker's job socket (``leases.py``): a Unix ``SOCK_SEQPACKET`` listener in the run
+    folder, with a connection from each frontend the worker was lent to; each message on one
+    is a leased BATCH (:func:`protocol.job_message`), answered on the same connection."""
+
+    def __init__(self, listener: socket.socket, endpoint: str) -> None:
+        self.listener = listener
+        self.endpoint = endpoint
+        self.conns: dict[int, socket.socket] = {}
+        self.buffer = bytearray(protocol.JOB_MESSAGE_MAX)
+
+    @classmethod
+    def bind(cls, backend: str) -> JobSocket | None:
+        """None where there is none (not ``ipc://``, or the bind fails): the worker is then
+        never lent."""
+        endpoint = protocol.job_endpoint(backend, os.getpid())
+        if endpoint is None:
+            return None
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            listener.bind(endpoint[len("ipc://"):])
+            listener.listen(64)
+        except OSError as exc:
+            log.warning("no job socket at %s (%s): this worker is never lent", endpoint, exc)
+            listener.close()
+            return None
+        listener.setblocking(False)
+        return cls(listener, endpoint)
+
+    def run(self, batches: Batches, poller: zmq.Poller, ready: Container[Any] | None,
+            limit: int | None) -> None:
+        """Take new connections and run the leased batches waiting on those ``ready`` (file
+        descriptors), up to ``limit`` each; ``ready`` None: every batch on every connection
+        (a RECALL or STOP: those sent before the lease ended)."""
+        if ready is None or self.listener.fileno() in ready:
+            while True:
+                try:
+                    conn, _ = self.listener.accept()
+                except OSError:  # none waiting
+                    break
+                conn.setblocking(False)
+                self.conns[conn.fileno()] = conn
+                poller.register(conn, zmq.POLLIN)
+        for fd, conn in list(self.conns.items()):
+            if ready is None or fd in ready:
+                self._read(fd, conn, batches, poller, limit)
+
+    def _read(self, fd: int, conn: socket.socket, batches: Batches, poller: zmq.Poller,
+              limit: int | None) -> None:
+        done = 0
+        while limit is None or done < limit:
+            try:
+                size = conn.recv_into(self.buffer)
+            except BlockingIOError:
+                return
+            except OSError:
+                size = 0
+            if size == 0:  # the frontend went
+                poller.unregister(conn)
+                del self.conns[fd]
+                conn.close()
+                return
+            try:
+                frames = protocol.parse_job_message(memoryview(self.buffer)[:size])
+            except protocol.ProtocolError as exc:
+                log.error("worker dropped a malformed leased message: %s", exc)
+                continue
+            batches.leased(frames, conn)
+            done += 1
+
+    def close(self) -> None:
+        for conn in self.conns.values():
+            conn.close()
+        self.listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.endpoint[len("ipc://"):])
 
 
 class Batches:
@@ -410,9 +473,11 @@ class Batches:
                 return
         self.sock.send_multipart(reply)
 
-    def leased(self, frames: list[bytes]) -> None:
-        """A BATCH a frontend sent on its lease: answered to it directly, then counted by
-        the controller (SERVED), which forwards the answers only if they could not go."""
+    def leased(self, frames: list[bytes], conn: socket.socket | None = None) -> None:
+        """A BATCH a frontend sent on its lease (on ``conn``): answered to it directly, on
+        ``conn`` when the answer fits in a job message and nothing of it was streamed, else on
+        its reply socket; then counted by the controller (SERVED), which forwards the answers
+        only if they could not go."""
         began = time.monotonic()
         if not frames or frames[0] != protocol.BATCH:
             log.error("worker dropped a leased message of kind %r", frames[0][:8] if frames
@@ -435,7 +500,17 @@ class Batches:
             if failed is None:
                 return
             results = protocol.parse_results(failed[1:])
-        delivered = self.links.deliver(requests, results, wait=LINK_WAIT)
+        delivered = False
+        if conn is not None and not self.chunks.streamed:
+            reply = protocol.job_message(protocol.replies(results))
+            if reply is not None:
+                try:
+                    conn.send(reply)
+                    delivered = True
+                except OSError:  # its buffer is full, or the frontend went: the ZeroMQ way
+                    pass
+        if not delivered:
+            delivered = self.links.deliver(requests, results, wait=LINK_WAIT)
         self.leased_since_ours += 1
         if not self.tally:
             self.tally_since = began
@@ -483,15 +558,14 @@ def serve(spec: WorkerSpec) -> int:
         _log_ready(spec, began)
         return serve_continuous(sock, handler, context, spec.worker_id, parent,
                                 spec.max_response_size, ship_metrics, threads)
-    jobs, jobs_endpoint = bind_jobs(zctx, spec.endpoint) if spec.lendable else (None, None)
-    sock.send_multipart(protocol.ready(os.getpid(), jobs_endpoint))
+    jobs = JobSocket.bind(spec.endpoint) if spec.lendable else None
+    sock.send_multipart(protocol.ready(os.getpid(), None if jobs is None else jobs.endpoint))
     _log_ready(spec, began)
     try:
         return _serve_batches(spec, sock, jobs, batches, parent)
     finally:
-        if jobs_endpoint is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(jobs_endpoint[len("ipc://"):])
+        if jobs is not None:
+            jobs.close()
 
 
 def _log_ready(spec: WorkerSpec, began: float) -> None:
@@ -499,12 +573,13 @@ def _log_ready(spec: WorkerSpec, began: float) -> None:
              spec.model_name, spec.version, time.monotonic() - began)
 
 
-def _serve_batches(spec: WorkerSpec, sock, jobs, batches: Batches, parent: int) -> int:
+def _serve_batches(spec: WorkerSpec, sock, jobs: JobSocket | None, batches: Batches,
+                   parent: int) -> int:
     """Batches from the controller and, when lent, from a frontend, until told to stop."""
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     if jobs is not None:
-        poller.register(jobs, zmq.POLLIN)
+        poller.register(jobs.listener, zmq.POLLIN)
     shipped = time.monotonic()
     while True:
         report_by = batches.report_by()
@@ -525,34 +600,26 @@ def _serve_batches(spec: WorkerSpec, sock, jobs, batches: Batches, parent: int) 
             frames = sock.recv_multipart()
             kind = frames[0]
             if kind == protocol.STOP:
-                _run_leased(jobs, batches, limit=None)  # sent before the lease ended
+                if jobs is not None:  # sent before the lease ended
+                    jobs.run(batches, poller, None, None)
                 batches.report()
                 log.info("worker %s stopping", spec.worker_id)
                 return 0
             if kind == protocol.BATCH:
                 batches.from_controller(frames)
             elif kind == protocol.RECALL:  # the controller's batches next: ours first
-                _run_leased(jobs, batches, limit=None)
+                if jobs is not None:
+                    jobs.run(batches, poller, None, None)
                 batches.report()
                 sock.send_multipart(protocol.returned(batches.leased_since_ours > 0))
                 batches.leased_since_ours = 0
             else:
                 log.error("worker dropped a message of kind %r", kind[:8])
-        if jobs in ready:
-            _run_leased(jobs, batches, LEASED_PER_TURN)
+        if jobs is not None:
+            jobs.run(batches, poller, ready, LEASED_PER_TURN)
         if time.monotonic() - shipped >= METRICS_INTERVAL:
             shipped = time.monotonic()
             ship_metrics(sock, batches.context)
-
-
-def _run_leased(jobs, batches: Batches, limit: int | None) -> None:
-    """The leased batches waiting on the job socket, up to ``limit`` (None: all)."""
-    done = 0
-    while jobs is not None and (limit is None or done < limit):
-        if not jobs.getsockopt(EVENTS) & POLLIN:
-            return
-        batches.leased(jobs.recv_multipart(NOBLOCK))
-        done += 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,7 +100,7 @@ class AsyncBridge:
             return None
         self._replies = replies
         self._replies_path = address[len("ipc://"):]
-        self._leases = HeldLeases(self._ctx, address.encode())
+        self._leases = HeldLeases(address.encode(), self._loop, self._deliver)
         self._loop.add_reader(replies.getsockopt(zmq.FD), self._drain)
         return address
 

@@ -12,40 +12,46 @@ so (REVOKE); if the worker is gone, the requests sent it without an answer are h
 go through the controller. A batch unanswered past the lease's timeout has hung:
 :meth:`overdue` gives it up, for the bridge to answer and report.
 
-The link to a worker's job socket outlives its lease and closes only when the worker is gone:
-connecting takes a turn of ZeroMQ's I/O thread, and a request meeting a link not yet connected
-goes to the controller, which recalls the worker; a link made anew with each lease could lose
-that race again on every one (a lone client on a loaded machine got 27 of 40 requests leased
-instead of 36). Closing a link at a revoke could also drop a batch it had not yet sent.
+The link to a worker's job socket is a plain Unix ``SOCK_SEQPACKET`` connection (a message is
+sent whole or not at all, and a ping-pong over one takes a third of ZeroMQ's time), read by the
+event loop: the worker answers a leased batch on it, or on the reply socket when the answer is
+too big for one message or was streamed. A link outlives its lease and closes when the worker
+is gone (a link made anew with each ZeroMQ lease was often not yet connected when a lone
+client's next request came, which then went to the controller and recalled the worker).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
+import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import zmq
 
 from mservd import protocol
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
 class Held:
     lease: protocol.Lease
-    sock: Any  # PUSH to the worker's job socket: its link
+    sock: socket.socket | None  # the link to the worker's job socket (None: no connection)
     running: set[bytes] = field(default_factory=set)  # the batch sent on it, not yet answered
 
 
 class HeldLeases:
-    def __init__(self, zctx: zmq.Context, fid: bytes) -> None:
-        self.zctx = zctx
+    def __init__(self, fid: bytes, loop: asyncio.AbstractEventLoop,
+                 deliver: Callable[[list[bytes]], None]) -> None:
         self.fid = fid  # this frontend's reply socket: where the worker answers
+        self.loop = loop
+        self.deliver = deliver  # an answer a worker sent on its link (a REPLY's frames)
         self.by_route: dict[tuple[str, str | None], Held] = {}
-        self.links: dict[str, Any] = {}  # a job socket -> our PUSH to it, while its worker lives
+        self.links: dict[str, socket.socket] = {}  # a job socket -> our link to it
+        self.buffer = bytearray(protocol.JOB_MESSAGE_MAX)
         # rid -> (the worker's jobs socket, the PREDICT message, when it has hung)
         self.sent: dict[bytes, tuple[str, list[bytes], float]] = {}
 
@@ -65,15 +71,46 @@ class HeldLeases:
         for key in keys:
             self.by_route[key] = held
 
-    def _link(self, jobs: str) -> Any:
-        sock = self.links.get(jobs)
-        if sock is None:
-            sock = self.links[jobs] = self.zctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            # not connected (yet, or any more): the controller's way
-            sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.connect(jobs)
-        return sock
+    def _link(self, jobs: str) -> socket.socket | None:
+        link = self.links.get(jobs)
+        if link is not None:
+            return link
+        link = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        link.setblocking(False)
+        try:  # a Unix socket connects at once, or not at all
+            link.connect(jobs[len("ipc://"):])
+        except OSError as exc:
+            log.warning("could not connect to the lent worker at %s: %s", jobs, exc)
+            link.close()
+            return None
+        self.links[jobs] = link
+        self.loop.add_reader(link.fileno(), self._read, jobs, link)
+        return link
+
+    def _read(self, jobs: str, link: socket.socket) -> None:
+        """Answers the worker sent on ``link``."""
+        while True:
+            try:
+                size = link.recv_into(self.buffer)
+            except BlockingIOError:
+                return
+            except OSError:
+                size = 0
+            if size == 0:  # the worker went (its REVOKE, lost, follows)
+                self._close(jobs)
+                return
+            try:
+                frames = protocol.parse_job_message(memoryview(self.buffer)[:size])
+            except protocol.ProtocolError as exc:
+                log.error("dropped a malformed answer from the worker at %s: %s", jobs, exc)
+                continue
+            self.deliver(frames)
+
+    def _close(self, jobs: str) -> None:
+        link = self.links.pop(jobs, None)
+        if link is not None:
+            self.loop.remove_reader(link.fileno())
+            link.close()
 
     def end(self, jobs: str, lost: bool = False) -> list[list[bytes]]:
         """A REVOKE: the lease on ``jobs`` ends. ``lost``: the worker is gone, and so is our
@@ -84,9 +121,7 @@ class HeldLeases:
                 del self.by_route[key]
         if not lost:
             return []
-        sock = self.links.pop(jobs, None)
-        if sock is not None:
-            sock.close(linger=0)
+        self._close(jobs)
         again = [rid for rid, (where, _, _) in self.sent.items() if where == jobs]
         return [self.sent.pop(rid)[1] for rid in again]
 
@@ -139,9 +174,12 @@ class HeldLeases:
         for rid, frames in taken:
             message.append(protocol.packb([rid, False, self.fid]))
             message.extend(frames[2:])  # the meta header and payloads, as they are
+        data = protocol.job_message(message)
+        if data is None or held.sock is None:  # too big for one: the controller's way
+            return False
         try:
-            held.sock.send_multipart(message, zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError:  # Again: not connected yet, or the worker went
+            held.sock.send(data)
+        except OSError:  # the worker's buffer is full, or it went
             return False
         hung_at = time.monotonic() + held.lease.timeout
         for rid, frames in taken:
@@ -157,7 +195,6 @@ class HeldLeases:
             held.running.discard(rid)
 
     def close(self) -> None:
-        for sock in self.links.values():
-            sock.close(linger=0)
-        self.links.clear()
+        for jobs in list(self.links):
+            self._close(jobs)
         self.by_route.clear()

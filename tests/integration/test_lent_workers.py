@@ -43,6 +43,18 @@ def test_a_lone_client_is_answered_by_a_lent_worker_and_every_request_counted(
     assert leased(daemon) >= 30  # after the first few, none passed the controller's queue
 
 
+def test_a_request_too_big_for_the_job_socket_still_gets_its_answer_on_a_lease(
+        daemon_factory) -> None:
+    daemon = daemon_factory({**OPEN, "load_models": "echo.mar"})
+    sequential(daemon, 10)
+    wait_until(lambda: leased(daemon) > 0, 10, "requests on a lease")
+    big = "x" * (300 * 1024)  # over JOB_MESSAGE_MAX: the controller's way, whatever the lease
+    answer = daemon.predict("echo", json={"big": big})
+    assert answer.status_code == 200, answer.text[:200]
+    assert answer.json()["echo"] == {"big": big}
+    assert [b["echo"] for b in sequential(daemon, 10)] == [{"i": i} for i in range(10)]
+
+
 def test_under_token_authorization_a_lease_serves_only_the_live_inference_key(
         daemon_factory) -> None:
     daemon = daemon_factory({"load_models": "echo.mar"})  # token authorization on

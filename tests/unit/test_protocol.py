@@ -189,3 +189,13 @@ def test_protocol_a_worker_names_its_job_socket_in_the_run_folder_when_ready() -
     [_, frame] = protocol.ready(42, "ipc:///run/mservd/jobs-42.sock")
     assert protocol.parse_ready(frame) == "ipc:///run/mservd/jobs-42.sock"
     assert protocol.parse_ready(protocol.ready(42)[1]) is None
+
+
+def test_a_job_socket_message_round_trips_and_one_too_big_or_cut_short_is_refused() -> None:
+    frames = [protocol.BATCH, b"", b"x" * 1000]
+    assert protocol.parse_job_message(protocol.job_message(frames)) == frames
+    assert protocol.job_message([b"x" * protocol.JOB_MESSAGE_MAX]) is None  # the ZeroMQ way
+    whole = protocol.job_message(frames)
+    for cut in (whole[:2], whole[:-1]):
+        with pytest.raises(protocol.ProtocolError):
+            protocol.parse_job_message(cut)
