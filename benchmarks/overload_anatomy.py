@@ -44,6 +44,7 @@ from benchmarks.systems import Mservd
 from benchmarks.workloads import build_workloads
 
 POOL = 512  # the open loop's connections, as in the suite
+FLUSHED = 0.5  # seconds after which a frontend has written its buffered access-log lines
 
 
 def thread_cpu(system: Mservd) -> dict[str, float]:
@@ -95,7 +96,7 @@ def access_lines(path: Path, offset: int) -> list[tuple[int, float, bool]]:
 def measured(system: Mservd, run, cpu_before: dict[str, float], client_before: float,
              log_offset: int) -> dict[str, Any]:
     """One loop's figures (see the module) from its result and the counters before it."""
-    time.sleep(0.5)  # the frontends flush their access log a few times a second
+    time.sleep(FLUSHED)
     cpu_after, client = thread_cpu(system), self_cpu() - client_before
     lines = access_lines(system.log_dir / "access_log.log", log_offset)
     handled = run.completed + sum(n for k, n in run.errors.items() if k.isdigit())
@@ -131,6 +132,7 @@ def one_round(store: Path, factors: list[float], seconds: float,
         system.start(["tiny"])
         wl = workload_for(system, work)
         loadgen.closed_loop(wl, 8, 2.0)  # warm up
+        time.sleep(FLUSHED)  # its access-log lines written before the first offset is taken
         log = system.log_dir / "access_log.log"
 
         def counters() -> tuple[dict[str, float], float, int]:
