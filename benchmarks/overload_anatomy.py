@@ -24,6 +24,7 @@ to, as in the suite) and then each open loop (Poisson arrivals, 512 connections)
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -212,16 +213,23 @@ def report(runs: list[dict[str, Any]], factors: list[float]) -> list[str]:
     return lines
 
 
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = rounds.arguments(__doc__.splitlines()[0], rounds=3, seconds=5.0)
     parser.add_argument("--factor", type=float, action="append",
                         help="open loop at this multiple of c=64's throughput (repeatable; "
                              "default 0.9 and 1.8)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config.properties setting for mservd (repeatable)")
+                        type=_setting, help="a config.properties setting for mservd (repeatable)")
     args = parser.parse_args(argv)
     factors = args.factor or [0.9, 1.8]
-    settings = dict(s.split("=", 1) for s in args.set)
+    settings = dict(args.set)
     loadgen.install_fast_loop()
     runs = []
     for n in range(args.rounds):
