@@ -40,11 +40,11 @@ import psutil
 from benchmarks import loadgen, rounds
 from benchmarks.loadgen import percentile
 from benchmarks.run import TARGETS
-from benchmarks.scenarios import workload_for
+from benchmarks.scenarios import Plan, workload_for
 from benchmarks.systems import Mservd
 from benchmarks.workloads import build_workloads
 
-POOL = 512  # the open loop's connections, as in the suite
+POOL = Plan().open_pool  # the open loop's connections, as in the suite
 FLUSHED = 0.5  # seconds after which a frontend has written its buffered access-log lines
 
 
@@ -94,7 +94,7 @@ def access_lines(path: Path, offset: int) -> list[tuple[int, float, bool]]:
     return out
 
 
-def measured(system: Mservd, run, cpu_before: dict[str, float], client_before: float,
+def measured(system: Mservd, run: loadgen.Result, cpu_before: dict[str, float], client_before: float,
              log_offset: int) -> dict[str, Any]:
     """One loop's figures (see the module) from its result and the counters before it."""
     time.sleep(FLUSHED)
@@ -148,7 +148,7 @@ def one_round(store: Path, factors: list[float], seconds: float,
             run = loadgen.open_loop(wl, c64.throughput * factor, seconds, pool=POOL)
             out[str(factor)] = got = measured(system, run, *before)
             per_answer = out["c64"]["server_cpu_s"] / max(1, c64.completed)
-            room = os.cpu_count() * run.seconds - got["client_cpu_s"]  # type: ignore[operator]
+            room = len(os.sched_getaffinity(0)) * run.seconds - got["client_cpu_s"]
             got["ceiling_share"] = room / per_answer / run.seconds / c64.throughput
             got["answered_share"] = run.throughput / c64.throughput
             print(f"  {run.line()}", flush=True)
