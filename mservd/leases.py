@@ -137,8 +137,13 @@ class Leases:
         would have taken them at once (a request with a deadline of 0 ms included); one that
         takes longer was running leased work, and their deadlines hold (they are answered 504
         at the deadline, not when it is back)."""
-        return any(now - self.recalling.get(worker.id, -RECALL_GRACE) < RECALL_GRACE
-                   for worker in mv.workers.values())
+        return now < self.grace_ends(mv)
+
+    def grace_ends(self, mv: ModelVersion) -> float:
+        """When the youngest recall of ``mv``'s workers stops sheltering its queue (-inf
+        without one): the soonest its queue's deadlines need the loop."""
+        return max((self.recalling[worker.id] + RECALL_GRACE for worker in mv.workers.values()
+                    if worker.id in self.recalling), default=float("-inf"))
 
     def returned(self, worker: Worker, now: float, used: bool) -> bool:
         """``worker`` ran its leased batches (``used``: it had some): True if it was being

@@ -482,10 +482,14 @@ class Scheduler:
             if len(mv.batcher):
                 busy = any(w.id in self.running for w in mv.workers.values())
                 # a continuous worker takes more while it runs; any other only when it is idle:
-                # past its batch delay a queue with none idle would wake the loop in a spin
+                # past its batch delay a queue with none idle would wake the loop in a spin (a
+                # lent or recalled worker is not idle here: its RETURNED wakes the loop)
                 idle = mv.settings.continuous_batching or any(
-                    w.is_serving and w.id not in self.running for w in mv.workers.values())
+                    w.is_serving and w.id not in self.running and self.leases.available(w)
+                    for w in mv.workers.values())
                 when = mv.batcher.next_wakeup(busy, idle)
+                if when is not None and self.leases.recalling:  # no spin through a grace: the
+                    when = max(when, self.leases.grace_ends(mv))  # worker's RETURNED wakes it
                 if when is not None and when < soonest:
                     soonest = when
         for running in self.running.values():

@@ -128,6 +128,26 @@ def test_an_idle_workers_recall_slowed_by_a_loaded_machine_still_runs_a_zero_dea
     assert [p.rid for p in take.requests] == [b"now"]
 
 
+def test_the_loop_does_not_spin_through_a_recalls_grace() -> None:
+    """A request past its deadline that waits on a recall's grace needs the loop only when
+    the grace ends (or the worker's RETURNED comes): waking for it at once, again and again,
+    spun the controller on a core the returning worker needed."""
+    s, mv = lending(workers=1)
+    serve_one(s, F1, b"a", 1.0)
+    s.submit(F2, route(b"now", 2.0, timeout_ms=0), [], now=2.0)
+    assert s.next_wakeup(float("inf")) >= 2.0 + RECALL_GRACE
+
+
+def test_the_loop_does_not_spin_while_a_queue_waits_on_a_recalled_worker() -> None:
+    s, mv = lending(workers=2, batch_size=4)
+    serve_one(s, F1, b"a", 1.0)  # its worker is lent to F1
+    assert [type(a) for a in s.submit(F2, route(b"b", 2.0), [], now=2.0)] == [SendBatch]
+    assert [type(a) for a in s.submit(F2, route(b"c", 2.0), [], now=2.0)] == [Revoke, Recall]
+    # b's answer or the lent worker's RETURNED wakes the loop (or b's response timeout); past
+    # c's batch delay a wake-up for the "idle" recalled worker would come again at once, a spin
+    assert s.next_wakeup(float("inf")) == 2.0 + mv.settings.response_timeout
+
+
 def test_a_lost_worker_tells_every_frontend_it_was_lent_to() -> None:
     s, mv = lending(workers=1)
     worker, _ = serve_one(s, F1, b"a", 1.0)
