@@ -136,7 +136,7 @@ class Leases:
         are not timed out meanwhile. A worker back that soon was idle, and without the lease
         would have taken them at once (a request with a deadline of 0 ms included); one that
         takes longer was running leased work, and their deadlines hold (they are answered 504
-        at the deadline, not when it is back)."""
+        at the deadline, or when the grace ends if that is later, not when it is back)."""
         return now < self.grace_ends(mv)
 
     def grace_ends(self, mv: ModelVersion) -> float:
