@@ -1,5 +1,5 @@
 """A worker's own lines to the frontends: the answers of a finished batch go straight to the
-frontends that asked, and the controller only hears that they went (ANSWERED).
+frontends that asked, and the controller only hears that they go (ANSWERED, sent first).
 
 An answer that the controller forwards costs it a wake-up, a parse and a send, and costs the
 request that much latency; sent directly it passes one process fewer (``protocol.py`` has the
@@ -14,12 +14,15 @@ its streamed parts in order: its sends wait a moment for the connection (``wait`
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 import zmq
 
 from mservd import protocol
+
+log = logging.getLogger(__name__)
 
 MAX_LINKS = 64  # frontends a worker keeps a socket to; the least recently used one goes first
 SEND_HWM = 1000  # answers queued for one frontend before the controller's path takes over
@@ -34,25 +37,59 @@ class FrontendLinks:
     def deliver(self, requests: Sequence[protocol.Request], results: list[protocol.Result],
                 streamed: Iterable[bytes] = (), wait: float = 0.0) -> bool:
         """Send each frontend its answers of this batch as one REPLY (waiting up to ``wait``
-        seconds for a connection); True when every answer
-        went, so that the controller is told with ANSWERED. False: some could not (a frontend
-        not connected yet or gone, a streamed answer whose parts went through the controller
-        and must arrive first): the caller sends the whole DONE to the controller, and a
-        frontend drops the copy of an answer it already has."""
+        seconds for a connection); True when every answer went. False: some could not (see
+        :meth:`grouped`), and the caller sends them through the controller; a frontend drops
+        the copy of an answer it already has."""
+        grouped = self.grouped(requests, results, streamed)
+        if grouped is None:
+            return False
+        every = True
+        for fid, answers in grouped.items():
+            every = self.send(fid, protocol.replies(answers), wait) and every
+        return every
+
+    def reachable(self, requests: Sequence[protocol.Request], results: list[protocol.Result],
+                  streamed: Iterable[bytes] = ()) -> dict[bytes, list[protocol.Result]] | None:
+        """This batch's answers by frontend when every frontend that asked can take a message
+        this moment, so that the controller can be told ANSWERED *before* they go (a client
+        answered first could otherwise send its next request ahead of it, and find this worker
+        busy); None when one cannot."""
+        grouped = self.grouped(requests, results, streamed)
+        if grouped is None:
+            return None
+        try:
+            for fid in grouped:
+                if not self._link(fid).getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+                    return None  # not connected (yet), or its queue is full
+        except (zmq.ZMQError, UnicodeDecodeError):
+            return None
+        return grouped
+
+    def send_reachable(self, grouped: dict[bytes, list[protocol.Result]]) -> None:
+        """Send what :meth:`reachable` found could go. The controller has been told they went:
+        answers for a frontend that vanished in between are dropped (its clients went with
+        it), with a warning."""
+        for fid, answers in grouped.items():
+            if not self.send(fid, protocol.replies(answers)):
+                log.warning("dropped %d answers: frontend %r went before they could be sent",
+                            len(answers), fid)
+
+    def grouped(self, requests: Sequence[protocol.Request], results: list[protocol.Result],
+                streamed: Iterable[bytes] = ()) -> dict[bytes, list[protocol.Result]] | None:
+        """This batch's answers by the frontend that asked; None when one must pass the
+        controller: a frontend outside this daemon's run folder or known by a name only, or
+        a streamed answer whose parts went through the controller and must arrive first."""
         if self.prefix is None or streamed and not set(streamed).isdisjoint(
                 r.rid for r in results):
-            return False
+            return None
         fids = {request.rid: request.fid for request in requests}
         grouped: dict[bytes, list[protocol.Result]] = {}
         for result in results:
             fid = fids.get(result.rid, b"")
             if not fid.startswith(self.prefix):
-                return False
+                return None
             grouped.setdefault(fid, []).append(result)
-        every = True
-        for fid, answers in grouped.items():
-            every = self.send(fid, protocol.replies(answers), wait) and every
-        return every
+        return grouped
 
     def send(self, fid: bytes, frames: list[bytes], wait: float = 0.0) -> bool:
         """Send frontend ``fid`` one message, waiting up to ``wait`` seconds for the

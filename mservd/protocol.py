@@ -55,9 +55,9 @@ it holds.
 
 A worker answers a finished batch to its frontends itself when it can: a frontend that binds a
 reply socket (``reply_endpoint``) is known to the controller by that socket's address, so the
-worker that reads it in a job connects there and sends the frontend its answers as a REPLY,
-then tells the controller with ANSWERED (the heads alone: the controller counts the statuses
-and forwards nothing). An answer then passes one process fewer. Streamed answers, and any
+worker that reads it in a job connects there, tells the controller with ANSWERED (the heads
+alone: the controller counts the statuses and forwards nothing) and then sends the frontend
+its answers as a REPLY. An answer then passes one process fewer. Streamed answers, and any
 batch whose frontend the worker cannot reach yet, go back in a DONE through the controller.
 
 ``explain`` travels in the route alone: the controller never batches an explanation with a

@@ -455,23 +455,27 @@ class Batches:
 
     def from_controller(self, frames: list[bytes]) -> None:
         """A BATCH the controller sent: answered straight to the frontends that asked when
-        they all can be reached (ANSWERED), else through the controller (DONE)."""
+        they all can take it now, the controller told first (ANSWERED: it then knows this
+        worker is free before any client has its answer), else through the controller (DONE)."""
         self.leased_since_ours = 0
         try:
             requests = protocol.parse_batch(frames[1:])
             results = self._run(requests, None)
-            reply = (protocol.answered(results)
-                     if self.links.deliver(requests, results, self.chunks.streamed)
-                     else protocol.done(results))
+            direct = self.links.reachable(requests, results, self.chunks.streamed)
         except protocol.ProtocolError as exc:
             log.error("worker dropped a malformed batch: %s", exc)
             return
         except Exception as exc:  # a bug of ours: the batch fails, the worker lives on
             log.exception("batch failed outside the handler")
-            reply = _failed_batch(frames[1:], exc)
-            if reply is None:
-                return
-        self.sock.send_multipart(reply)
+            failed = _failed_batch(frames[1:], exc)
+            if failed is not None:
+                self.sock.send_multipart(failed)
+            return
+        if direct is None:
+            self.sock.send_multipart(protocol.done(results))
+            return
+        self.sock.send_multipart(protocol.answered(results))
+        self.links.send_reachable(direct)
 
     def leased(self, frames: list[bytes], conn: socket.socket | None = None) -> None:
         """A BATCH a frontend sent on its lease (on ``conn``): answered to it directly, on
