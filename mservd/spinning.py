@@ -4,7 +4,7 @@ Shedding helps when refused clients go away or wait (``Retry-After``): the reque
 are answered in time. A closed loop — a fixed set of clients, each sending again at once — does
 neither: every refusal comes straight back, so refusing it lowers no queue and only spends the
 CPU the model needs on refusing, far faster than the model answers. Whoever sheds (the
-controller for a latency target, a frontend holding the controller's refusal) counts its
+controller for a latency target, a frontend backing off after the controller's refusal) counts its
 refusals and the model's answers; refused more than SPIN times as often as it answers, it rests
 for CALM seconds and lets requests queue instead (job_queue_size still bounds them). An open
 overload offering more than SPIN + 1 times what the model answers looks the same, and is

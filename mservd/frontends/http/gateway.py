@@ -88,7 +88,7 @@ class Gateway:
             if refused is not None:
                 return relay(refused, shape=shape)
         limit = self.door.let_in(path) if door else None
-        status, retry_after, body = 500, False, b""
+        status, overloaded, body = 500, False, b""
         try:
             self.shedder.check()
             payload = await request.body(self.max_request_size, self.body_timeout)
@@ -102,11 +102,19 @@ class Gateway:
             finally:
                 self.shedder.busy -= 1
             status, body = reply.status, reply.body
-            retry_after = "Retry-After" in (reply.headers or {})
+            overloaded = status == 503 and refused_as_overload(reply, request)
         finally:
             if door:
                 self.door.answered(path, limit, status, time.perf_counter() - request.started,
-                                   retry_after, body)
+                                   overloaded, body)
         answer = relay(reply, [("x-request-id", rid_text)], shape=shape)
         answer.rid = rid_text
         return answer
+
+
+def refused_as_overload(reply: Reply, request: HttpRequest) -> bool:
+    """Whether the controller refused this prediction because its model is overloaded (503
+    with Retry-After): what the door learns from. A request with its own deadline
+    (``X-Request-Timeout-Ms``) may have been refused for that deadline alone, so it teaches
+    the door nothing: else one client's short deadlines would cut every client's share."""
+    return "Retry-After" in (reply.headers or {}) and request.timeout_ms() is None
