@@ -161,6 +161,32 @@ def test_a_full_queue_refuses_at_once_and_late_requests_get_504(daemon_factory) 
     assert "abandoned" not in daemon.read_log("model_echo.log", since=mark)
 
 
+
+def test_after_the_controller_refuses_a_model_its_frontend_refuses_the_overflow_itself(
+        daemon_factory) -> None:
+    """One HTTP frontend process, one echo worker, a queue of 8: twelve slow requests fill it and
+    the controller refuses the rest. The frontend then backs off: requests past its share are
+    refused at its door (no request id: the controller never saw them) — also ones that come
+    more than a moment later, spaced past the 20 ms the frontend used to hold a refusal."""
+    daemon = daemon_factory({"load_models": "echo.mar", "job_queue_size": 8,
+                             "frontend_workers": 1})
+    with ThreadPoolExecutor(12) as pool:
+        slow = [pool.submit(daemon.predict, "echo", json={"sleep": 1.0, "i": i})
+                for i in range(12)]
+        wait_until(lambda: any(f.done() and f.result().status_code == 503 for f in slow), 30,
+                   "the controller to refuse one")
+        late = []
+        for i in range(10):
+            time.sleep(0.03)
+            late.append(daemon.predict("echo", json={"late": i}))
+        assert all(f.result().status_code in (200, 503) for f in slow)
+    refused = [a for a in late if a.status_code == 503]
+    at_the_door = [a for a in refused if "x-request-id" not in a.headers]
+    assert len(at_the_door) >= 6, [(a.status_code, a.headers.get("x-request-id")) for a in late]
+    for answer in at_the_door:
+        assert answer.headers["Retry-After"] == "1"
+        assert answer.json()["type"] == "QueueFullException"
+
 def test_a_latency_target_stops_refusing_clients_that_resend_at_once(daemon_factory) -> None:
     """Eight clients each sending again at once keep the echo model (50 ms a request) past
     its 100 ms target: the target refuses them at first, then sees that its refusals only come
