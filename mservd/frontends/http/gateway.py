@@ -102,7 +102,7 @@ class Gateway:
             finally:
                 self.shedder.busy -= 1
             status, body = reply.status, reply.body
-            overloaded = status == 503 and refused_as_overload(reply, request)
+            overloaded = refused_as_overload(reply, request)
         finally:
             if door:
                 self.door.answered(path, limit, status, time.perf_counter() - request.started,
@@ -117,4 +117,5 @@ def refused_as_overload(reply: Reply, request: HttpRequest) -> bool:
     with Retry-After): what the door learns from. A request with its own deadline
     (``X-Request-Timeout-Ms``) may have been refused for that deadline alone, so it teaches
     the door nothing: else one client's short deadlines would cut every client's share."""
-    return "Retry-After" in (reply.headers or {}) and request.timeout_ms() is None
+    return (reply.status == 503 and "Retry-After" in (reply.headers or {})
+            and request.timeout_ms() is None)

@@ -3,10 +3,10 @@ as soon as they are parsed — a refusal there costs a small fraction of serving
 and nothing downstream (controller, workers) ever sees it.
 
 Always, once the controller has refused a model's prediction as overloaded (503 with
-Retry-After, for a request without a deadline of its own): **the model's backoff** (:class:`Backoff`), per model and per frontend
-process — a cap on its predictions in flight from here, cut when the controller refuses one
-and grown as it answers, so that the controller's queue stays fed and the requests past it are
-refused here rather than there.
+Retry-After, for a request without a deadline of its own): **the model's backoff**
+(:class:`Backoff`), per model and per frontend process — a cap on its predictions in flight
+from here, cut when the controller refuses one and grown as it answers, so that the
+controller's queue stays fed and the requests past it are refused here rather than there.
 
 Two rules more, off unless ``max_queue_wait_ms`` (the first) or ``shed_delay_ms`` (the second)
 is set:
@@ -219,8 +219,8 @@ class Backoff:
     second with no refusal lifts it. Several frontends share the queue this way as TCP flows
     share a link, and no frontend sends the controller a flood of requests it must refuse
     (the 20 ms hold on a refusal that came before it did: a third of all refusals still
-    crossed to the controller at tiny's open 1.8x, against one in twenty now). Unless its clients spin on the refusals (``mservd/spinning.py``): then it lets
-    them through."""
+    crossed to the controller at tiny's open 1.8x, against one in fifteen now). Unless its
+    clients spin on the refusals (``mservd/spinning.py``): then it lets them through."""
 
     def __init__(self, body: bytes) -> None:
         self.body = body  # the controller's refusal, sent again by this frontend
