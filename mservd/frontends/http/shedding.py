@@ -2,14 +2,7 @@
 as soon as they are parsed — a refusal there costs a small fraction of serving the request,
 and nothing downstream (controller, workers) ever sees it.
 
-Always, once the controller has refused a model's prediction as overloaded (503 with
-Retry-After, for a request without a deadline of its own): **the model's backoff**
-(:class:`Backoff`), per model and per frontend process — a cap on its predictions in flight
-from here, cut when the controller refuses one and grown as it answers, so that the
-controller's queue stays fed and the requests past it are refused here rather than there.
-
-Two rules more, off unless ``max_queue_wait_ms`` (the first) or ``shed_delay_ms`` (the second)
-is set:
+Two rules:
 
 - **a model's concurrency limit** (:class:`ModelLimit`), per model and per frontend process.
   What a fast model has in flight is never more than it answers within ``max_queue_wait_ms``
@@ -201,51 +194,13 @@ class ModelLimit:
         return self.limited * (1.0 + seconds / RECOVER)
 
 
-# After the controller refuses a model's request as overloaded (503 with Retry-After), this
-# process lets in only as many of that model's predictions at once as it had in flight then,
-# less a tenth, and refuses the others itself (a parse and a write, no trip to the controller):
-# the controller's queue stays fed and most refusals cost it nothing (:class:`Backoff`).
-DECREASE = 0.9  # a refusal by the controller cuts the cap to this share of what is in flight
-MIN_CAP = 2  # never fewer in flight than this from one frontend
-LIFT_AFTER = 0.5  # seconds without a refusal by the controller: the cap is lifted
+# After the controller refuses a model's request as overloaded (503 with Retry-After, for a
+# request without a deadline of its own), this process refuses that model's requests itself
+# for this long: under overload most refusals
+# then cost one parse here instead of a trip through the controller, which must keep up —
+# unless its clients spin on the refusals (mservd/spinning.py): then it lets them through.
+REFUSAL_HOLD = 0.02  # seconds
 MAX_KEPT_BODIES = 256  # refusal bodies kept per process, by (path, limit)
-
-
-class Backoff:
-    """How many of one model's predictions this frontend lets in at once since the controller
-    refused one: TCP's congestion window over the controller's queue. A refusal cuts the cap
-    to 0.9 of what was in flight when it came (once per round: only a request let in under
-    the current cap can cut it again); each answer grows it by 1/cap, one a round; a half
-    second with no refusal lifts it. Several frontends share the queue this way as TCP flows
-    share a link, and no frontend sends the controller a flood of requests it must refuse
-    (the 20 ms hold on a refusal that came before it did: a third of all refusals still
-    crossed to the controller at tiny's open 1.8x, against one in fifteen now). Unless its
-    clients spin on the refusals (``mservd/spinning.py``): then it lets them through."""
-
-    def __init__(self, body: bytes) -> None:
-        self.body = body  # the controller's refusal, sent again by this frontend
-        self.cap = INFINITE
-        self.cut_at = 0.0  # when it was last cut
-        self.refused_at = 0.0  # when the controller last refused
-
-    def refused(self, in_flight: int, sent_at: float, now: float, body: bytes) -> None:
-        """The controller refused a prediction sent at ``sent_at``; ``in_flight`` are still
-        out."""
-        self.body = body
-        self.refused_at = now
-        if self.cap == INFINITE or sent_at >= self.cut_at:
-            self.cap = max(MIN_CAP, min(self.cap, in_flight + 1) * DECREASE)
-            self.cut_at = now
-
-    def answered(self, now: float) -> None:
-        if self.cap != INFINITE:
-            self.cap = INFINITE if now - self.refused_at > LIFT_AFTER else self.cap + 1 / self.cap
-
-    def full(self, in_flight: int, now: float) -> bool:
-        """Refuse the next one, with ``in_flight`` out?"""
-        if self.cap != INFINITE and now - self.refused_at > LIFT_AFTER:
-            self.cap = INFINITE
-        return in_flight >= self.cap
 
 
 def is_kserve_prediction(path: str) -> bool:
@@ -258,16 +213,15 @@ def is_kserve_prediction(path: str) -> bool:
 
 class Door:
     """One frontend process's door for predictions, by request path: each model's
-    :class:`ModelLimit`, and its :class:`Backoff` once the controller has refused it.
+    :class:`ModelLimit`, and the refusals the controller asked it to hold for a moment.
 
     A prediction asks :meth:`refusal` first (a body means answer 503 with it, at once), then
-    :meth:`let_in` (counted in flight until :meth:`answered`)."""
+    :meth:`let_in` (counted against its model's limit until :meth:`answered`)."""
 
     def __init__(self, queue_wait: float) -> None:
         self.queue_wait = queue_wait  # seconds: max_queue_wait_ms
         self.limits: dict[str, ModelLimit] = {}  # by path, once its model has answered
-        self.in_flight: dict[str, int] = {}  # by path, while it has any
-        self.backoffs: dict[str, Backoff] = {}  # by path, once the controller refused it
+        self.holding: dict[str, tuple[float, bytes]] = {}  # path -> (until, refusal body)
         self.spins: dict[str, Spin] = {}  # path -> its refusals against its answers, once
         # the controller has refused it
         self._bodies: dict[tuple[str, int], bytes] = {}
@@ -278,18 +232,17 @@ class Door:
         if limit is not None and limit.full():
             limit.refused += 1
             return self._refusal_body(path, int(limit.allowed))
-        backoff = self.backoffs.get(path)
-        if backoff is not None:
+        held = self.holding.get(path)
+        if held is not None:
             now = time.monotonic()
-            if backoff.full(self.in_flight.get(path, 0), now):
-                spin = self.spins[path]
-                if not spin.resting(now):
-                    spin.refusal(now)
-                    return backoff.body
+            spin = self.spins[path]
+            if now < held[0] and not spin.resting(now):
+                spin.refusal(now)
+                return held[1]
+            del self.holding[path]
         return None
 
     def let_in(self, path: str) -> ModelLimit | None:
-        self.in_flight[path] = self.in_flight.get(path, 0) + 1
         limit = self.limits.get(path)
         if limit is not None:
             limit.busy += 1
@@ -297,22 +250,15 @@ class Door:
 
     def answered(self, path: str, limit: ModelLimit | None, status: int, seconds: float,
                  overloaded: bool, body: bytes) -> None:
-        """A prediction let in is answered (after ``seconds``): it tells its model's limit how
-        quickly it answers; the controller's refusal of it as overloaded (``overloaded``:
-        ``gateway.refused_as_overload``) cuts the model's backoff."""
-        left = self.in_flight.get(path, 1) - 1
-        if left > 0:
-            self.in_flight[path] = left
-        else:
-            self.in_flight.pop(path, None)
+        """A prediction let in is answered: it tells its model's limit how quickly it
+        answers; the controller's refusal of it as overloaded (``overloaded``:
+        ``gateway.refused_as_overload``) is held here a moment."""
         if limit is not None:
             limit.busy -= 1
         spin = self.spins.get(path)
         if status < 300:
             if spin is not None:
-                now = time.monotonic()
-                spin.answers(1, now)
-                self.backoffs[path].answered(now)
+                spin.answers(1, time.monotonic())
             if self.queue_wait:
                 if limit is None:  # known once it answers: a client's typo makes no entry
                     limit = self.limits.setdefault(path, ModelLimit(self.queue_wait))
@@ -321,10 +267,9 @@ class Door:
             now = time.monotonic()
             if spin is None:
                 spin = self.spins[path] = Spin()
-                self.backoffs[path] = Backoff(body)
             spin.refusal(now)
             if not spin.resting(now):
-                self.backoffs[path].refused(left, now - seconds, now, body)
+                self.holding[path] = (now + REFUSAL_HOLD, body)
 
     def tick(self, seconds: float, log) -> None:
         for path, limit in self.limits.items():
