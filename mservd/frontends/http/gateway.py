@@ -116,6 +116,7 @@ def refused_as_overload(reply: Reply, request: HttpRequest) -> bool:
     """Whether the controller refused this prediction because its model is overloaded (503
     with Retry-After): what the door learns from. A request with its own deadline
     (``X-Request-Timeout-Ms``) may have been refused for that deadline alone, so it teaches
-    the door nothing: else one client's short deadlines would cut every client's share."""
+    the door nothing: else one client's short deadlines would hold every client of the model
+    for REFUSAL_HOLD at a time."""
     return (reply.status == 503 and "Retry-After" in (reply.headers or {})
             and request.timeout_ms() is None)

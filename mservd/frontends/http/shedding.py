@@ -196,9 +196,9 @@ class ModelLimit:
 
 # After the controller refuses a model's request as overloaded (503 with Retry-After, for a
 # request without a deadline of its own), this process refuses that model's requests itself
-# for this long: under overload most refusals
-# then cost one parse here instead of a trip through the controller, which must keep up —
-# unless its clients spin on the refusals (mservd/spinning.py): then it lets them through.
+# for this long: under overload most refusals then cost one parse here instead of a trip
+# through the controller, which must keep up — unless its clients spin on the refusals
+# (mservd/spinning.py): then it lets them through.
 REFUSAL_HOLD = 0.02  # seconds
 MAX_KEPT_BODIES = 256  # refusal bodies kept per process, by (path, limit)
 
