@@ -126,3 +126,88 @@ def test_percentile_nearest_rank():
     assert loadgen.percentile(values, 99) == 99.0
     assert loadgen.percentile(values, 100) == 100.0
     assert math.isnan(loadgen.percentile([], 50))
+
+
+def _serve_raw(answer: bytes | None):
+    """A listener on 127.0.0.1 that reads each request and sends ``answer`` (then closes the
+    connection), or never answers when ``answer`` is None; (port, stop)."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.settimeout(0.1)
+    stopping = threading.Event()
+    held = []
+
+    def serve() -> None:
+        while not stopping.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            held.append(conn)
+            if answer is not None:
+                conn.settimeout(2)
+                try:
+                    conn.recv(65536)
+                    conn.sendall(answer)
+                finally:
+                    conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        stopping.set()
+        thread.join(5)
+        listener.close()
+        for conn in held:
+            conn.close()
+
+    return listener.getsockname()[1], stop
+
+
+def test_a_request_never_answered_is_a_timeout_and_the_run_still_ends():
+    import time as clock
+
+    port, stop = _serve_raw(None)
+    try:
+        started = clock.perf_counter()
+        closed = asyncio.run(loadgen.closed_loop_async(_work(port), 2, 0.3, timeout=0.2))
+        opened = asyncio.run(loadgen.open_loop_async(_work(port), rate=50, seconds=0.3,
+                                                     pool=4, timeout=0.2))
+        assert clock.perf_counter() - started < 5
+    finally:
+        stop()
+    for r in (closed, opened):
+        assert r.completed == 0 and r.sent > 0 and r.errors == {"timeout": r.sent}
+        assert r.error_p99_ms >= 200
+        assert "no answer within 0.2 s" in r.first_error
+
+
+def test_a_connection_the_server_closes_after_each_answer_is_opened_again():
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\n[0.0]")
+    port, stop = _serve_raw(answer)
+    try:
+        r = loadgen.closed_loop(_work(port), concurrency=2, seconds=5, max_requests=20)
+    finally:
+        stop()
+    assert r.sent == 20 and r.completed == 20 and r.errors == {}
+
+
+def test_an_answer_checked_right_once_is_not_parsed_again_for_the_same_request():
+    calls = []
+
+    def check(idx: int, status: int, body: bytes) -> str | None:
+        calls.append((idx, body))
+        return None if body == b"[0.0]" else "wrong"
+
+    rec = loadgen._Recorder(_work(1, check))  # two requests: index 0 and 1 (mod 2)
+    for idx in (0, 2, 4):
+        rec.record(idx, 200, b"[0.0]", 0.001)
+    rec.record(1, 200, b"[0.0]", 0.001)  # another request: checked on its own
+    rec.record(0, 200, b"[9.9]", 0.001)  # other bytes: checked, and wrong
+    rec.record(0, 200, b"[9.9]", 0.001)  # a wrong answer is checked every time
+    assert calls == [(0, b"[0.0]"), (1, b"[0.0]"), (0, b"[9.9]"), (0, b"[9.9]")]
+    assert len(rec.ok) == 4 and rec.errors == {"bad_answer": 2}
