@@ -426,15 +426,13 @@ async def closed_loop_async(workload: Workload, concurrency: int, seconds: float
     loop = asyncio.get_running_loop()
     finished = loop.create_future()
     active = concurrency  # connections still sending
-    counter = 0
 
     def then(conn: _Conn | None) -> None:
         """One request is over: its connection sends the next, or stops after the deadline."""
-        nonlocal active, counter
+        nonlocal active
         now = time.perf_counter()
         if now < deadline and rec.sent < limit:
-            counter += 1
-            driver.send(conn, counter - 1, now)
+            driver.send(conn, rec.sent, now)  # requests are numbered in the order sent
             return
         if conn is not None:
             conn.close()
@@ -443,14 +441,13 @@ async def closed_loop_async(workload: Workload, concurrency: int, seconds: float
             finished.set_result(None)
 
     driver = _Driver(workload, rec, timeout, then)
-    conns = await asyncio.gather(*(driver.connect() for _ in range(concurrency)))
-    t0 = time.perf_counter()
-    deadline = t0 + seconds
     try:
+        conns = await asyncio.gather(*(driver.connect() for _ in range(concurrency)))
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
         for conn in conns:
             if rec.sent < limit:
-                counter += 1
-                driver.send(conn, counter - 1, time.perf_counter())
+                driver.send(conn, rec.sent, time.perf_counter())
             else:
                 conn.close()
                 active -= 1
