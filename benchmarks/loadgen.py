@@ -492,11 +492,13 @@ async def open_loop_async(workload: Workload, rate: float, seconds: float,
         a timer for the next one."""
         nonlocal arrivals, backlog, next_at, arriving
         now = time.perf_counter()
-        while next_at <= now + TIMER_SLACK:
+        while True:
             if arrivals >= limit or next_at - t0 >= seconds:
                 arriving = False
                 finish_if_done()
                 return
+            if next_at > now + TIMER_SLACK:
+                break
             arrivals += 1
             if idle:
                 rec.late.append(max(0.0, now - next_at))
@@ -505,10 +507,6 @@ async def open_loop_async(workload: Workload, rate: float, seconds: float,
             else:
                 backlog += 1
             next_at += rng.expovariate(rate)
-        if arrivals >= limit or next_at - t0 >= seconds:
-            arriving = False
-            finish_if_done()
-            return
         loop.call_at(loop.time() + (next_at - now), arrive)
 
     driver = _Driver(workload, rec, timeout, then)
