@@ -1,9 +1,11 @@
 """Profile mservd's hot path at tiny c=64: CPU per process, and py-spy stacks of each process.
 
-    .venv/bin/python -m benchmarks.profile_hotpath [--seconds 15] [--out benchmarks/results/profile]
+    .venv/bin/python -m benchmarks.profile_hotpath [--seconds 15] [--rate 3500]
+        [--out benchmarks/results/profile]
 
-Starts mservd (2 workers, batch 8, delay 5 ms) with ``tiny`` only, drives closed-loop c=64 from
-a separate load-generator process, and meanwhile runs ``py-spy record`` (pip install py-spy)
+Starts mservd (2 workers, batch 8, delay 5 ms) with ``tiny`` only, drives closed-loop c=64 (or,
+with ``--rate``, an open loop at that many requests a second) from a separate load-generator
+process, and meanwhile runs ``py-spy record`` (pip install py-spy)
 on every mservd process. Writes one collapsed-stack file and one SVG per process and prints,
 per process role, the CPU it used and its top functions by own (leaf) samples and by inclusive
 samples.
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rate", type=float, help="an open loop at this many requests/s "
+                        "instead of the closed loop")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "profile")
     args = parser.parse_args(argv)
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -57,9 +61,11 @@ def main(argv: list[str] | None = None) -> int:
                         "2", "--body", body], cwd=REPO, check=True, capture_output=True)
         procs = {p.pid: system.role(p) for p in system.processes()}
         before = system.cpu_times()
-        load = subprocess.Popen([sys.executable, "-m", "benchmarks.loadgen", url, "-c",
-                                 str(args.concurrency), "--seconds", str(args.seconds + 2),
-                                 "--body", body], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        loop = (["--rate", str(args.rate), "-c", "512"] if args.rate  # the suite's pool
+                else ["-c", str(args.concurrency)])
+        load = subprocess.Popen([sys.executable, "-m", "benchmarks.loadgen", url, *loop,
+                                 "--seconds", str(args.seconds + 2), "--body", body],
+                                cwd=REPO, stdout=subprocess.PIPE, text=True)
         import psutil
 
         load_ps = psutil.Process(load.pid)
