@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.report import medians
+from benchmarks.report import medians, targets
 
 
 def run(refused: int | None, sent: int, p99: float) -> dict:
@@ -22,3 +22,19 @@ def test_an_error_kind_most_rounds_did_not_have_is_left_out() -> None:
     rounds = [{"mservd": run(None, 100, 1.0)}, {"mservd": run(None, 100, 1.0)},
               {"mservd": run(5, 100, 1.0)}]
     assert medians(rounds)["mservd"]["tiny"]["open"]["0.9"]["errors"] == {}
+
+
+def resnet_c1(throughput: float, valid: bool = True) -> dict:
+    return {"resnet18": {"closed": {"1": {"throughput": throughput}}},
+            "machine": {"valid": valid}}
+
+
+def test_a_target_met_on_the_medians_shows_the_rounds_that_missed_it() -> None:
+    rounds = [{"mservd": resnet_c1(30.0), "naive-flask": resnet_c1(29.0)},
+              {"mservd": resnet_c1(28.0), "naive-flask": resnet_c1(29.5)},
+              {"mservd": resnet_c1(31.0), "naive-flask": resnet_c1(30.0)},
+              {"mservd": resnet_c1(10.0, valid=False), "naive-flask": resnet_c1(30.0)}]
+    results = {"rounds": rounds, "systems": medians(rounds)}
+    row = next(line for line in targets(results).splitlines() if "resnet18 c=1" in line)
+    assert "| met |" in row  # 30.0 against 29.5 on the medians of the valid rounds
+    assert row.endswith("| 2 of 3: 1.03x; 0.95x; 1.03x |")  # the invalid round not judged
