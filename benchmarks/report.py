@@ -190,6 +190,11 @@ def cpu_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _over(a: float, b: float) -> float:
+    """a / b, where a system that answered nothing (b = 0) is beaten by anything."""
+    return a / b if b else math.inf
+
+
 def _judgements(sy: dict[str, Any], inproc: dict[str, Any]) -> list[tuple[str, bool, str, str]]:
     """Issue 18's targets judged on one set of figures, the medians or one round's:
     (target, met, its figures, the one figure that decides it)."""
@@ -197,7 +202,7 @@ def _judgements(sy: dict[str, Any], inproc: dict[str, Any]) -> list[tuple[str, b
     out = []
     t64, ts64 = _get(m, "tiny", "closed", "64"), _get(ts, "tiny", "closed", "64")
     if t64 and ts64:
-        ratio = t64["throughput"] / ts64["throughput"]
+        ratio = _over(t64["throughput"], ts64["throughput"])
         out.append(("tiny c=64 ≥ 2x TorchServe throughput, lower p99",
                     ratio >= 2 and t64["p99_ms"] < ts64["p99_ms"],
                     f"{t64['throughput']:.0f} vs {ts64['throughput']:.0f} req/s ({ratio:.2f}x); "
@@ -207,7 +212,7 @@ def _judgements(sy: dict[str, Any], inproc: dict[str, Any]) -> list[tuple[str, b
         out.append(("tiny c=1 p50 ≤ 1.2x the naive Flask route's",
                     c1["p50_ms"] <= 1.2 * nf1["p50_ms"],
                     f"{c1['p50_ms']:.2f} vs {nf1['p50_ms']:.2f} ms",
-                    f"{c1['p50_ms'] / nf1['p50_ms']:.2f}x"))
+                    f"{_over(c1['p50_ms'], nf1['p50_ms']):.2f}x"))
     o9 = _get(m, "tiny", "open", "0.9")
     if o9:
         refused = (o9.get("errors") or {}).get("503", 0) / max(o9.get("sent") or 1, 1)
@@ -216,7 +221,7 @@ def _judgements(sy: dict[str, Any], inproc: dict[str, Any]) -> list[tuple[str, b
     o = _get(m, "tiny", "open", "1.8")
     if o and t64:
         refusal_p99 = o.get("error_p99_ms") or 0
-        share = o["throughput"] / t64["throughput"]
+        share = _over(o["throughput"], t64["throughput"])
         out.append(("tiny open 1.8x, 100 ms target: accepted p99 < 100 ms, right answers ≥ 90 % "
                     "of c=64's, refusals p99 < 20 ms",
                     (o["p99_ms"] or 1e9) < 100 and share >= 0.9 and refusal_p99 < 20,
@@ -236,16 +241,16 @@ def _judgements(sy: dict[str, Any], inproc: dict[str, Any]) -> list[tuple[str, b
                 detail += f"; {r['throughput'] / lim:.0%} of the in-process limit {lim:.1f}"
             out.append((f"resnet18 c={c}: ≥ TorchServe's and the naive route's throughput"
                         + (", ≥ 95 % of the in-process limit" if c == "64" else ""), ok, detail,
-                        f"{r['throughput'] / best:.2f}x"))
+                        f"{_over(r['throughput'], best):.2f}x"))
     if m.get("ready_seconds") and ts.get("ready_seconds"):
         out.append(("ready time ≤ 1/3 of TorchServe's",
                     m["ready_seconds"] <= ts["ready_seconds"] / 3,
                     f"{m['ready_seconds']:.1f} vs {ts['ready_seconds']:.1f} s",
-                    f"{m['ready_seconds'] / ts['ready_seconds']:.2f}x"))
+                    f"{_over(m['ready_seconds'], ts['ready_seconds']):.2f}x"))
     mp, tp = _get(m, "memory_idle", "pss_mib"), _get(ts, "memory_idle", "pss_mib")
     if mp and tp:
         out.append(("idle PSS ≤ 1/3 of TorchServe's", mp <= tp / 3, f"{mp:.0f} vs {tp:.0f} MiB",
-                    f"{mp / tp:.2f}x"))
+                    f"{_over(mp, tp):.2f}x"))
     return out
 
 
