@@ -236,12 +236,14 @@ def _judgements(sy: dict[str, Any], inproc: dict[str, Any]) -> list[tuple[str, b
             ok = r["throughput"] >= best
             detail = (f"{r['throughput']:.1f} vs TorchServe {_fmt(_get(t, 'throughput'))}, "
                       f"naive {_fmt(_get(n, 'throughput'))} req/s")
+            figure = f"{_over(r['throughput'], best):.2f}x"
             if c == "64" and lim:
                 ok = ok and r["throughput"] >= 0.95 * lim
                 detail += f"; {r['throughput'] / lim:.0%} of the in-process limit {lim:.1f}"
+                figure += f" ({r['throughput'] / lim:.0%} of the limit)"
             out.append((f"resnet18 c={c}: ≥ TorchServe's and the naive route's throughput"
                         + (", ≥ 95 % of the in-process limit" if c == "64" else ""), ok, detail,
-                        f"{_over(r['throughput'], best):.2f}x"))
+                        figure))
     if m.get("ready_seconds") and ts.get("ready_seconds"):
         out.append(("ready time ≤ 1/3 of TorchServe's",
                     m["ready_seconds"] <= ts["ready_seconds"] / 3,

@@ -38,3 +38,15 @@ def test_a_target_met_on_the_medians_shows_the_rounds_that_missed_it() -> None:
     row = next(line for line in targets(results).splitlines() if "resnet18 c=1" in line)
     assert "| met |" in row  # 30.0 against 29.5 on the medians of the valid rounds
     assert row.endswith("| 2 of 3: 1.03x; 0.95x; 1.03x |")  # the invalid round not judged
+
+
+def test_a_round_under_the_in_process_limit_says_so_beside_its_ratio() -> None:
+    def c64(throughput: float) -> dict:
+        return {"resnet18": {"closed": {"64": {"throughput": throughput}}}}
+
+    rounds = [{"mservd": c64(38.0), "naive-flask": c64(27.0)},
+              {"mservd": c64(36.0), "naive-flask": c64(27.0)}]
+    results = {"rounds": rounds, "systems": medians(rounds),
+               "inprocess": {"resnet18": {"throughput": 40.0}}}
+    row = next(line for line in targets(results).splitlines() if "resnet18 c=64" in line)
+    assert row.endswith("| 1 of 2: 1.41x (95% of the limit); 1.33x (90% of the limit) |")
