@@ -30,6 +30,7 @@ from mservd import protocol
 from mservd.errors import MservdError, NoWorker
 from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import ClientGone, ControllerGone
+from mservd.frontends.http import dashboard, inference, management, metrics
 from mservd.frontends.http.access_log import AccessLog
 from mservd.frontends.http.request import JSON, Answer, HttpRequest, error_answer
 from mservd.protocol import Reply
@@ -157,8 +158,6 @@ class FrontendApp:
                 return
 
     def start(self) -> None:
-        from mservd.frontends.http import dashboard, inference, management, metrics
-
         spec = self.spec
         loop = asyncio.get_running_loop()
         self.access = AccessLog(spec.accesslog, spec.log_format)
