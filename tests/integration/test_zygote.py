@@ -53,7 +53,20 @@ def test_torchvision_is_imported_once_in_the_zygote_only_for_models_that_use_it(
     [user] = daemon.worker_pids("visionuser")
     assert "torchvision" in maps(zygote.pid)  # imported before the fork, shared with it
     assert "torchvision" in maps(user)
-    assert daemon.predict("visionuser", json={}).json() == {"torchvision": True}
+    # the zygote's collector was off while it imported torchvision; its workers' is on
+    assert daemon.predict("visionuser", json={}).json() == {"torchvision": True,
+                                                            "collecting": True}
+
+
+def test_workers_collect_garbage_and_share_the_zygotes_frozen_imports(daemon_factory,
+                                                                     store) -> None:
+    """The zygote imports torch with its collector off and freezes what it imported: a worker
+    forked from it collects its own garbage and never scans the shared objects."""
+    from conftest import write_archive
+
+    write_archive(store, "collector", "reports_collector.py")
+    daemon = daemon_factory({"load_models": "collector.mar"})
+    assert daemon.predict("collector", json={}).json() == {"collecting": True, "frozen": True}
 
 
 def test_a_killed_zygote_takes_its_workers_and_both_come_back(daemon_factory) -> None:
