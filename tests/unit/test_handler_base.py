@@ -108,6 +108,50 @@ def test_base_handler_loads_legacy_state_dict_without_mmap(eager_dir: Path) -> N
     assert handler.handle([{"body": [1.0]}], ctx) == [[4.0]]
 
 
+LINEAR_WITH_PROJECTION_PY = """
+import torch
+
+
+class Projected(torch.nn.Module):
+    \"\"\"A Linear (initialised by torch.nn.init) and a fixed projection that no state dict
+    holds, drawn by torch.nn.init too.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 2)
+        self.register_buffer("projection", torch.nn.init.ones_(torch.empty(2)),
+                             persistent=False)
+
+    def forward(self, x):
+        return self.linear(x) * self.projection
+"""
+
+
+def test_base_handler_loads_an_eager_model_with_its_linear_layers_weights(
+        tmp_path: Path) -> None:
+    """Its parameters are built without random initial values (the state dict replaces them);
+    a buffer the state dict does not hold is initialised as usual."""
+    (tmp_path / "projected.py").write_text(LINEAR_WITH_PROJECTION_PY)
+    torch.save({"linear.weight": torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]),
+                "linear.bias": torch.tensor([0.5, -0.5])}, tmp_path / "weights.bin")
+    handler = RowsHandler()
+    ctx = context(tmp_path, {"serializedFile": "weights.bin", "modelFile": "projected.py"})
+    handler.initialize(ctx)
+    assert handler.handle([{"body": [1.0, 2.0, 3.0]}], ctx) == [[1.5, 1.5]]
+    layer = torch.nn.Linear(3, 2)  # outside the load torch.nn.init draws parameters again
+    torch.nn.init.zeros_(layer.weight)
+    assert not layer.weight.any()
+
+
+def test_base_handler_refuses_a_state_dict_that_lacks_a_parameter(tmp_path: Path) -> None:
+    """A parameter built without its initial values never serves: the load is strict."""
+    (tmp_path / "projected.py").write_text(LINEAR_WITH_PROJECTION_PY)
+    torch.save({"linear.weight": torch.zeros(2, 3)}, tmp_path / "weights.bin")
+    ctx = context(tmp_path, {"serializedFile": "weights.bin", "modelFile": "projected.py"})
+    with pytest.raises(RuntimeError, match="linear.bias"):
+        RowsHandler().initialize(ctx)
+
+
 def test_base_handler_model_file_with_two_modules_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "two.py").write_text(
         "import torch\n\nclass A(torch.nn.Module):\n    pass\n\nclass B(torch.nn.Module):\n    pass\n"
