@@ -93,11 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         ma, mb = statistics.median(a), statistics.median(b)
         ratio = f"{mb / ma:.2f}" if ma else "-"
         print(f"| {label} | {rounds.spread(a, 3)} | {rounds.spread(b, 3)} | {ratio} |")
-    loads = [r["load1"] for r in runs["A"] + runs["B"]]
-    print(f"\nload average (1 min) before the runs: {min(loads):.2f}–{max(loads):.2f}")
-    path = rounds.save(args.out, "frontends-ab", {"a": str(args.a), "b": str(args.b),
-                                                  "runs": runs})
-    print(f"results: {path}")
+    rounds.save_ab(args.out, "frontends-ab", args.a, args.b, runs)
     return 0
 
 

@@ -51,6 +51,15 @@ def save(out: Path, stem: str, document: Any) -> Path:
     return path
 
 
+def save_ab(out: Path, stem: str, a: Path, b: Path,
+            runs: dict[str, list[dict[str, Any]]]) -> None:
+    """An A/B run's closing lines: the load averages its runs began at, and where its raw
+    runs (each with its ``load1``) are saved."""
+    loads = [r["load1"] for r in runs["A"] + runs["B"]]
+    print(f"\nload average (1 min) before the runs: {min(loads):.2f}–{max(loads):.2f}")
+    print(f"results: {save(out, stem, {'a': str(a), 'b': str(b), 'runs': runs})}")
+
+
 class ForeignCpu:
     """The CPU other processes (not this benchmark, not the system measured) use during a run:
     a run during which they took more than FOREIGN_LIMIT cores is marked invalid."""

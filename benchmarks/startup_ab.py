@@ -73,11 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         b = [r["cpu_by_role"].get(role, 0.0) for r in runs["B"]]
         print(f"| CPU to ready: {role} (s) | {statistics.median(a):.2f} | "
               f"{statistics.median(b):.2f} | {sum(y < x for x, y in zip(a, b))} of {len(a)} |")
-    loads = [r["load1"] for r in runs["A"] + runs["B"]]
-    print(f"\nload average (1 min) before the starts: {min(loads):.2f}–{max(loads):.2f}")
-    path = rounds.save(args.out, "startup-ab", {"a": str(args.a), "b": str(args.b),
-                                                "runs": runs})
-    print(f"results: {path}")
+    rounds.save_ab(args.out, "startup-ab", args.a, args.b, runs)
     return 0
 
 
