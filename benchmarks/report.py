@@ -228,7 +228,10 @@ def _judgements(sy: dict[str, Any], inproc: dict[str, Any]) -> list[tuple[str, b
                     f"accepted p99 {_fmt(o['p99_ms'])} ms, {o['throughput']:.0f} vs "
                     f"{t64['throughput']:.0f} req/s, refusals p99 {_fmt(refusal_p99)} ms",
                     f"{share:.0%} (p99 {_fmt(o['p99_ms'], 0)} ms)"))
-    lim = _get(inproc, "resnet18", "throughput")
+    # the limit measured just before mservd's c=64 (its median over the rounds, for the
+    # medians), else the one measured once at the start of the run
+    lim = (_get(m, "resnet18", "inprocess_limit", "throughput")
+           or _get(inproc, "resnet18", "throughput"))
     for c in ("1", "8", "64"):
         r, t, n = (_get(x, "resnet18", "closed", c) for x in (m, ts, nf))
         if r and (t or n):
@@ -275,6 +278,18 @@ def targets(results: dict[str, Any]) -> str:
         return ""
     return ("| target | result | medians | rounds meeting it: each round's figure |\n"
             "|---|---|---|---|\n" + "\n".join(lines))
+
+
+def _limits_beside(results: dict[str, Any]) -> str:
+    """The resnet18 limits measured just before each of mservd's c=64 runs, if any."""
+    limits = [_get(r.get("mservd"), "resnet18", "inprocess_limit", "throughput")
+              for r in results.get("rounds") or []]
+    limits = [x for x in limits if x]
+    if not limits:
+        return ""
+    return (" The machine's speed moves from minute to minute, so mservd's resnet18 c=64 is "
+            "judged against the limit measured just before it, in the same run: "
+            + ", ".join(f"{x:.1f}" for x in limits) + " req/s by round.")
 
 
 def plot(results: dict[str, Any], path: Path) -> Path | None:
@@ -364,7 +379,7 @@ def section(results: dict[str, Any], png_name: str) -> str:
                      f"{st['batch_size']}, decode → handle → encode, one process, no server): "
                      + "; ".join(f"{k}: {v['throughput']:,.1f} req/s ({v['threads']} threads, "
                                  f"{v['batch_ms_p50']:.1f} ms per batch)" for k, v in inp.items())
-                     + ".")
+                     + ", measured at the start of the run." + _limits_beside(results))
         lines.append("")
     rounds = results.get("rounds") or []
     if rounds:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -132,13 +133,21 @@ def first_answer_seconds(system: System, works: dict[str, ModelWork]) -> float:
     return time.perf_counter() - t0
 
 
-def run_model(system: System, work: ModelWork, plan: Plan, log) -> dict[str, Any]:
+def run_model(system: System, work: ModelWork, plan: Plan, log,
+              limit: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Warm-up, the closed loops, the open loops. ``limit`` measures the model's in-process
+    limit: it runs just before the largest closed loop, so that loop is judged against the
+    machine's speed of the same minute (it moves ±15 % from one minute to the next)."""
     seconds = plan.tiny_seconds if work.name == "tiny" else plan.resnet_seconds
     wl = workload_for(system, work)
     out: dict[str, Any] = {"closed": {}, "open": {}}
     warm = loadgen.closed_loop(wl, 8, plan.warmup_seconds, timeout=plan.timeout)
     log(f"    warm-up  {warm.line()}")
     for c in plan.concurrencies:
+        if limit is not None and c == max(plan.concurrencies):
+            out["inprocess_limit"] = limit()
+            log(f"    in-process limit just before: {out['inprocess_limit']['throughput']:.1f} "
+                "req/s")
         measure_cpu = work.name == "tiny" and c == max(plan.concurrencies)
         before = system.cpu_times() if measure_cpu else {}
         self_before = resource.getrusage(resource.RUSAGE_SELF)
@@ -180,8 +189,11 @@ def _cpu_breakdown(before: dict[int, tuple[str, float]], after: dict[int, tuple[
             "cores_busy": round(sum(roles.values()) / wall, 2) if wall else None}
 
 
-def run_system(system: System, works: dict[str, ModelWork], plan: Plan, log) -> dict[str, Any]:
-    """All scenarios of one system with both models; the system is stopped at the end."""
+def run_system(system: System, works: dict[str, ModelWork], plan: Plan, log,
+               limits: dict[str, Callable[[], dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """All scenarios of one system with both models (``limits``: per model, what measures its
+    in-process limit beside this run, see :func:`run_model`); the system is stopped at the
+    end."""
     out: dict[str, Any] = {"system": system.name}
     foreign = ForeignCpu()
     try:
@@ -196,7 +208,7 @@ def run_system(system: System, works: dict[str, ModelWork], plan: Plan, log) -> 
             f"PSS {out['memory_idle']['pss_mib']:.0f} MiB in {out['memory_idle']['processes']} "
             "processes")
         for name, work in works.items():
-            out[name] = run_model(system, work, plan, log)
+            out[name] = run_model(system, work, plan, log, (limits or {}).get(name))
     except Exception as exc:  # noqa: BLE001 -- one system failing must not end the run
         out["error"] = f"{type(exc).__name__}: {exc}"[:4000]
         log(f"  ! {system.name} failed: {out['error'][:2000]}")

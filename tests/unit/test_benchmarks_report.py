@@ -50,3 +50,21 @@ def test_a_round_under_the_in_process_limit_says_so_beside_its_ratio() -> None:
                "inprocess": {"resnet18": {"throughput": 40.0}}}
     row = next(line for line in targets(results).splitlines() if "resnet18 c=64" in line)
     assert row.endswith("| 1 of 2: 1.41x (95% of the limit); 1.33x (90% of the limit) |")
+
+
+def test_each_round_is_judged_against_the_limit_measured_beside_it() -> None:
+    """The machine's speed moves from minute to minute: a round's c=64 is judged against the
+    limit measured just before it, not the one measured once at the start of the run."""
+    def c64(throughput: float, limit: float | None = None) -> dict:
+        entry: dict = {"closed": {"64": {"throughput": throughput}}}
+        if limit is not None:
+            entry["inprocess_limit"] = {"throughput": limit}
+        return {"resnet18": entry}
+
+    rounds = [{"mservd": c64(38.0, 39.0), "naive-flask": c64(27.0)},
+              {"mservd": c64(33.0, 34.0), "naive-flask": c64(27.0)}]
+    results = {"rounds": rounds, "systems": medians(rounds),
+               "inprocess": {"resnet18": {"throughput": 40.0}}}  # a quick minute at the start
+    row = next(line for line in targets(results).splitlines() if "resnet18 c=64" in line)
+    assert "| met |" in row and "97% of the in-process limit 36.5" in row  # 35.5 / 36.5
+    assert row.endswith("| 2 of 2: 1.41x (97% of the limit); 1.22x (97% of the limit) |")
