@@ -11,7 +11,8 @@ For each system (same archives, workers, batch size and delay):
 4. separately, memory with 1 and with 4 workers of one model (resnet18), idle and under load.
 
 The in-process limit (:func:`benchmarks.workloads.inprocess_limit`) and the client's own
-ceiling (:func:`client_ceiling`) are measured once per run.
+ceiling (:func:`client_ceiling`) are measured once per run; a model's limit also beside a
+system's largest closed loop when the caller asks (:func:`run_model`).
 """
 
 from __future__ import annotations
