@@ -65,6 +65,11 @@ def machine() -> dict[str, Any]:
             "loadavg_at_start": os.getloadavg()}
 
 
+def _limit_seconds(model: str, quick: bool) -> float:
+    """How long the in-process limit of ``model`` is measured."""
+    return 2.0 if quick else (4.0 if model == "tiny" else 8.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short subset (smoke test)")
@@ -122,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     log("in-process limit (the handler on full batches, no server)")
     results["inprocess"] = {}
     for name, work in works.items():
-        secs = 2.0 if args.quick else (4.0 if name == "tiny" else 8.0)
         results["inprocess"][name] = inprocess_limit(store / f"{name}.mar", work,
-                                                     args.batch_size, secs)
+                                                     args.batch_size,
+                                                     _limit_seconds(name, args.quick))
         log(f"  {name}: {results['inprocess'][name]['throughput']:.1f} req/s "
             f"(batch {args.batch_size}, {results['inprocess'][name]['threads']} threads)")
 
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(system, Mservd):  # its resnet18 c=64 is judged against the limit
                 limits = {"resnet18": functools.partial(
                     inprocess_limit, store / "resnet18.mar", works["resnet18"],
-                    args.batch_size, 3.0 if args.quick else 8.0)}
+                    args.batch_size, _limit_seconds("resnet18", args.quick))}
             entry = run_system(system, works, plan, log, limits)
             if n == 0 and plan.memory_workers and name != "naive-flask":
                 log(f"  {name}: memory with {plan.memory_workers} workers of {plan.memory_model}")

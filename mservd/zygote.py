@@ -216,16 +216,16 @@ class Zygote:
 
 
 def preload() -> None:
-    gc.disable()  # see _frozen
+    gc.disable()  # see _freeze_imports
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except ImportError as exc:
             log.warning("zygote could not preload %s: %s", name, exc)
-    _frozen()
+    _freeze_imports()
 
 
-def _frozen() -> None:
+def _freeze_imports() -> None:
     """What the zygote imported, frozen (``gc.freeze``): no collection in a worker ever writes
     to those shared pages. The collector is off while it imports, as Python's documentation of
     ``gc.freeze`` advises for a process that forks: importing torch allocates millions of
@@ -262,7 +262,7 @@ def libraries_for(spec: WorkerSpec) -> list[str]:
 def import_shared(names: list[str]) -> None:
     fresh = [name for name in names if name not in sys.modules]
     if fresh:
-        gc.disable()  # see _frozen
+        gc.disable()  # see _freeze_imports
     for name in fresh:
         started = time.monotonic()
         try:
@@ -272,7 +272,7 @@ def import_shared(names: list[str]) -> None:
             continue
         log.info("zygote imported %s for its workers in %.2f s", name, time.monotonic() - started)
     if fresh:
-        _frozen()
+        _freeze_imports()
 
 
 def fork_worker(spec: WorkerSpec, log_fd: int, sock: socket.socket, pipe: tuple[int, int],
