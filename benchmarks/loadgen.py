@@ -319,6 +319,9 @@ class _Driver:
             failure = ("timeout", f"no connection within {self.timeout} s")
         except OSError as exc:
             failure = ("conn", f"connection: {exc}")
+        else:
+            if conn.closed:  # taken and dropped at once (a server at its connection limit)
+                failure = ("conn", "connection: closed by server before the request")
         self.connecting -= 1  # before the failure's then(): it may find the run over
         if failure is not None:
             self._over(None, failure[0], started, failure[1])

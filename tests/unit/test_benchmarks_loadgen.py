@@ -211,3 +211,24 @@ def test_an_answer_checked_right_once_is_not_parsed_again_for_the_same_request()
     rec.record(0, 200, b"[9.9]", 0.001)  # a wrong answer is checked every time
     assert calls == [(0, b"[0.0]"), (1, b"[0.0]"), (0, b"[9.9]"), (0, b"[9.9]")]
     assert len(rec.ok) == 4 and rec.errors == {"bad_answer": 2}
+
+
+
+def test_a_connection_dropped_as_it_opens_counts_as_an_error_and_the_run_ends(
+        trivial_port, monkeypatch):
+    """A server at its connection limit takes a connection and closes it before the request
+    is written: the request is a connection error, not a write on a closed transport that
+    nobody records."""
+    opened = loadgen._Driver.connect
+
+    async def dropped_as_it_opens(self):
+        conn = await opened(self)
+        conn.close()
+        conn.closed = True  # as connection_lost, come before the request is written, sets it
+        return conn
+
+    monkeypatch.setattr(loadgen._Driver, "connect", dropped_as_it_opens)
+    r = asyncio.run(loadgen.open_loop_async(_work(trivial_port), rate=100, seconds=0.2,
+                                            pool=4, timeout=2))
+    assert r.sent > 0 and r.completed == 0 and r.errors == {"conn": r.sent}
+    assert "closed by server before the request" in r.first_error
