@@ -79,10 +79,14 @@ def test_auto_batching_takes_the_batch_its_latency_target_allows(daemon) -> None
     assert daemon.describe("costly")[0]["batchSizeNow"] == 8  # before any fit
     load(daemon, "costly", 8)
     described = wait_until(lambda: daemon.describe("costly")[0], 5, "describe")
-    # 2 (c + B m) within 80 % of 100 ms: B <= (40 - c) / m, about 9 with this handler: 8 is
-    # the largest rung of the ladder that fits; the batcher also tries 4 now and then
+    # two batch times (the one in progress, then its own) within 80 % of 100 ms: a batch of 8
+    # takes 36 ms here, and 8 is the largest rung of the ladder that fits — unless a slow
+    # machine's overhead stretches it past 40 ms, and then 4 is what the target allows
     assert described["batchSize"] == "auto" and described["maxLatencyMs"] == 100
-    assert described["batchCost"]["advice"]["batchSize"] == 8, described["batchCost"]
+    cost = described["batchCost"]
+    [eight] = [m for m in cost["measured"] if m["batchSize"] == 8]
+    allowed = 8 if 2 * eight["batchMs"] <= 80 else 4
+    assert cost["advice"]["batchSize"] == allowed, cost
     assert described["batchSizeNow"] in (4, 8), described
     sizes = load(daemon, "costly", 3)  # 24 clients: batches would be larger if it let them
-    assert max(sizes) == 8 and Counter(sizes).most_common(1)[0][0] == 8, Counter(sizes)
+    assert max(sizes) == 8 and Counter(sizes).most_common(1)[0][0] in (4, 8), Counter(sizes)
