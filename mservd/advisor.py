@@ -35,6 +35,8 @@ MIN_AT_SIZE = 8  # batches of about one size before its throughput counts as mea
 CLOSE_ENOUGH = 0.97  # a smaller batch answering this share of the most measured is advised
 RULED_OUT = 0.9  # a size the line expects to answer less than this share of the advised one's
 # is not tried: the line is trusted where it is steep, measured where it is flat
+MIN_R2 = 0.5  # a line explaining less of the timings than this leads nowhere past the sizes
+# measured: batches nearly all of one size give a line that noise alone tilts
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,8 @@ def advise(fit: Fit | None, target_s: float | None = None, largest: int = LARGES
 
     Measured sizes of the ladder first: the smallest whose throughput per worker is within 3 %
     of the most measured. Before any is measured, and while the fit's advice is larger than
-    that and the rung above it untried, the fit's: the smallest batch that reaches 90 % of the
+    that, the rung above it untried and the fit explains at least half the timings' variance
+    (``MIN_R2``; else the search measures the rungs above one at a time), the fit's: the smallest batch that reaches 90 % of the
     speed-up's ceiling (``B ≥ 9c/m``), down to a rung of the ladder — larger ones add latency
     for little. Under a latency target a request may wait for the batch in progress, then run
     in its own, so two batch times and the delay must fit in 80 % of the target. The delay is
@@ -214,7 +217,10 @@ def advise(fit: Fit | None, target_s: float | None = None, largest: int = LARGES
         if fit is not None and above and above[0] not in known:
             ahead = _advise_from_fit(fit, target_s, largest)
             if ahead.batch_size > best:  # the line expects more from larger, untried batches
-                return dataclasses.replace(ahead, why=f"{ahead.why}; measured up to {best}")
+                if fit.r2 >= MIN_R2:
+                    return dataclasses.replace(ahead, why=f"{ahead.why}; measured up to {best}")
+                why += (f"; the line, explaining {fit.r2:.0%} of the timings, is not followed "
+                        "past the sizes measured")
     elif known and fit is None:  # every size measured passes the target: try smaller
         smallest = min(known)
         best = max([1] + [b for b in rungs if b < smallest])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -165,6 +166,24 @@ def test_the_line_is_followed_past_the_sizes_measured_while_it_promises_more() -
     measured = measured_from({8: 0.036, 16: 0.052, 32: 0.2})  # tried: 32 was slow
     assert advise(line, measured=measured).batch_size == 16
 
+
+
+def test_a_line_that_explains_little_is_not_followed_past_the_sizes_measured() -> None:
+    """Every full batch of 8 (12 ms + 2 ms a request): the line through them and a few short
+    ones is noise (r² 0.02) and promises batches of 24. The advice stays at the size measured
+    and the search tries the next rung alone; once it is measured too slow, 8 stays."""
+    noise = Fit(fixed=0.028, per_item=0.0003, r2=0.02, samples=256, sizes=3)
+    measured = measured_from({8: 0.028})
+    advice = advise(noise, target_s=0.1, largest=24, measured=measured)
+    assert advice.batch_size == 8 and "not followed" in advice.why
+    assert next_to_try(advice, noise, 0.1, 24, measured) == 16
+    measured = measured_from({8: 0.028, 16: 0.044})  # two of 44 ms pass 80 ms
+    advice = advise(noise, target_s=0.1, largest=24, measured=measured)
+    assert advice.batch_size == 8 and next_to_try(advice, noise, 0.1, 24, measured) is None
+    # the same line explaining the timings is followed to the largest batch the target allows
+    line = dataclasses.replace(noise, r2=0.9)
+    assert advise(line, target_s=0.1, largest=24, measured=measured_from({8: 0.028})
+                  ).batch_size == 24
 
 
 def test_a_size_the_line_rules_out_is_not_tried() -> None:
