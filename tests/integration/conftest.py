@@ -271,14 +271,14 @@ def http_workers(daemon: Daemon) -> list[psutil.Process]:
 
 
 def too_late_behind_a_busy_worker(daemon: Daemon) -> tuple[requests.Response, int]:
-    """Send echo a request with a 300 ms deadline while its one worker sleeps 1.5 s on
-    another: that answer, and the model log's length before both (the late one must never
-    show in it)."""
+    """Send echo a request with a 300 ms deadline while its one worker sleeps 3 s on another
+    (time for the late one to reach the queue on a slow minute): that answer, and the model
+    log's length before both (the late one must never show in it)."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:
         mark = daemon.log_end("model_echo.log")
-        busy = pool.submit(daemon.predict, "echo", json={"sleep": 1.5})
+        busy = pool.submit(daemon.predict, "echo", json={"sleep": 3.0})
         daemon.wait_for_log("model_echo.log", "echo sleeping", since=mark)
         late = daemon.predict("echo", json={"marker": "too-late"},
                               headers={"X-Request-Timeout-Ms": "300"})

@@ -56,10 +56,14 @@ def test_the_fit_finds_the_handlers_cost_and_shows_it_everywhere(daemon) -> None
     cost = wait_until(lambda: daemon.describe("costlyfixed")[0].get("batchCost"), 10,
                       "a fit in describe")
     # the handler sleeps 20 ms + 2 ms a request; the hops to the worker and back add a little
-    assert 20 <= cost["fixedMs"] <= 35, cost
+    # (5 ms on a slow minute in CI)
+    assert 20 <= cost["fixedMs"] <= 45, cost
     assert 1.5 <= cost["perItemMs"] <= 3.0, cost
     assert cost["r2"] > 0.5 and cost["batchSizes"] >= 2  # timing noise on a shared machine
-    assert cost["advice"]["batchSize"] == 64  # 9c/m is about 90: the largest advised
+    # the smallest batch near the speed-up's ceiling, 9c/m: about 90 here, so the largest
+    # advised (64), or 32 where the overhead per request tilts the line under 64
+    knee = 9 * cost["fixedMs"] / cost["perItemMs"]
+    assert cost["advice"]["batchSize"] == (64 if knee >= 64 else 32), cost
     metrics = daemon.metrics()
     labels = 'model_name="costlyfixed",model_version="1.0"'
     assert metrics[f"mservd_batch_fixed_cost_seconds{{{labels}}}"] == pytest.approx(
@@ -89,4 +93,6 @@ def test_auto_batching_takes_the_batch_its_latency_target_allows(daemon) -> None
     assert cost["advice"]["batchSize"] == allowed, cost
     assert described["batchSizeNow"] in (4, 8), described
     sizes = load(daemon, "costly", 3)  # 24 clients: batches would be larger if it let them
-    assert max(sizes) == 8 and Counter(sizes).most_common(1)[0][0] in (4, 8), Counter(sizes)
+    # never past 8 (16 would break the target); the advice, measured, is what mostly runs
+    assert max(sizes) <= 8 and allowed in sizes, Counter(sizes)
+    assert Counter(sizes).most_common(1)[0][0] in (4, 8), Counter(sizes)

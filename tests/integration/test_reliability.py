@@ -143,7 +143,8 @@ def test_a_full_queue_refuses_at_once_and_late_requests_get_504(daemon_factory) 
     body = b'{"marker": "abandoned"}'
     with ThreadPoolExecutor(1) as pool:
         mark = daemon.log_end("model_echo.log")
-        busy = pool.submit(daemon.predict, "echo", json={"sleep": 1.5})
+        # long enough to connect, queue, poll /metrics and hang up on a slow minute
+        busy = pool.submit(daemon.predict, "echo", json={"sleep": 4.0})
         daemon.wait_for_log("model_echo.log", "echo sleeping", since=mark)
         with socket.create_connection((host, int(port)), timeout=10) as client:
             client.sendall(
@@ -173,10 +174,11 @@ def test_a_refusal_for_one_clients_short_deadline_does_not_hold_the_others(
     assert daemon.predict("echo", json={"sleep": 0.3}).status_code == 200  # its batch time
     with ThreadPoolExecutor(2) as pool:
         mark = daemon.log_end("model_echo.log")
-        busy = pool.submit(daemon.predict, "echo", json={"sleep": 1.0})
+        busy = pool.submit(daemon.predict, "echo", json={"sleep": 3.0})
         daemon.wait_for_log("model_echo.log", "echo sleeping", since=mark)
         queued = pool.submit(daemon.predict, "echo", json={"queued": 1})
-        time.sleep(0.2)
+        wait_until(lambda: daemon.metrics().get(f"mservd_pending_requests{ECHO}") == 1, 30,
+                   "a request to queue behind the busy worker", details=daemon.logs)
         short = daemon.predict("echo", json={"short": 1}, headers={"X-Request-Timeout-Ms": "5"})
         patient = daemon.predict("echo", json={"patient": 1})
         assert busy.result().status_code == 200 and queued.result().status_code == 200
@@ -195,7 +197,9 @@ def test_a_latency_target_stops_refusing_clients_that_resend_at_once(daemon_fact
     url = daemon.url("inference", "/predictions/echo")
     headers = {"Authorization": f"Bearer {daemon.key('inference')}"}
     outcomes: list[tuple[float, int]] = []
-    end = time.monotonic() + 4.0
+    # the rest (CALM, 5 s) begins at 0.5 s at the soonest: the last 2 s of 5.5 lie in it if
+    # the frontend and the controller both saw the spin within 3.5 s, a slow minute included
+    end = time.monotonic() + 5.5
 
     def client(_: int) -> None:
         session = requests.Session()
@@ -243,7 +247,7 @@ def test_a_crash_looping_model_does_not_slow_the_others(daemon_factory) -> None:
         assert answer.status_code == 200
         slowest = max(slowest, answer.elapsed.total_seconds())
     assert restarts() >= 2, "diesoon never crashed twice"
-    assert slowest < 2.0  # echo answers in milliseconds, whatever diesoon is doing
+    assert slowest < 5.0  # echo answers in milliseconds, whatever diesoon is doing
     # a request that kills its worker gets one answer: the worker died
     wait_until(lambda: any(w["status"] == "READY"
                            for w in daemon.describe("diesoon")[0]["workers"]), 30,

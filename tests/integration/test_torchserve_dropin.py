@@ -90,7 +90,7 @@ def handle(data, context):
         send_intermediate_predict_response(
             [f"part{i} " for _ in data], context.request_ids, "Intermediate Prediction success",
             200, context)
-        time.sleep(0.4)
+        time.sleep(0.8)
     print("stream handler done", flush=True)  # tests read this in the model's log
     return ["final" for _ in data]
 '''
@@ -273,7 +273,7 @@ def test_streaming_handler_answers_in_chunks(ts_daemon: Daemon) -> None:
             done_at_first = "stream handler done" in ts_daemon.read_log("model_stream.log", mark)
         parts.append(chunk)
     assert b"".join(parts) == b"part0 part1 part2 final"
-    # the first part arrived before the handler finished (it has 0.8 s of work left then)
+    # the first part arrived before the handler finished (it has 2.4 s of work left then)
     assert done_at_first is False
     ts_daemon.wait_for_log("model_stream.log", "stream handler done", since=mark)
     assert len(parts) >= 2

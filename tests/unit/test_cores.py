@@ -68,7 +68,7 @@ def test_a_lone_busy_worker_takes_every_core_and_two_share_them(shared, clock,
 
 
 def test_a_worker_just_done_still_counts_so_a_neighbour_starts_on_its_share(
-        shared, in_slot) -> None:
+        shared, clock, in_slot) -> None:
     first, second = cores.Threads(4), cores.Threads(4)
     for threads in (first, second):
         threads.calibrated, threads.parallel = cores.CALIBRATION, True
