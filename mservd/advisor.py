@@ -191,10 +191,10 @@ def advise(fit: Fit | None, target_s: float | None = None, largest: int = LARGES
     that, the rung above it untried and the fit explains at least half the timings' variance
     (``MIN_R2``; else the search measures the rungs above one at a time), the fit's: the
     smallest batch that reaches 90 % of the speed-up's ceiling (``B ≥ 9c/m``), down to a rung
-    of the ladder — larger ones add latency for little. Under a latency target a request may wait for the batch in progress, then run
-    in its own, so two batch times and the delay must fit in 80 % of the target. The delay is
-    at most one fixed cost: waiting longer for company than a batch of one would take to run
-    saves nothing.
+    of the ladder — larger ones add latency for little. Under a latency target a request may
+    wait for the batch in progress, then run in its own, so two batch times and the delay must
+    fit in 80 % of the target. The delay is at most one fixed cost: waiting longer for company
+    than a batch of one would take to run saves nothing.
     """
     if fit is None and not measured:
         raise ValueError("nothing to advise from: no fit and no size measured")
