@@ -36,12 +36,13 @@ class TinyHandler(BaseHandler):
             value = request.get("body")
             if value is None:
                 value = request.get("data")
+            problem = None
             if isinstance(value, (bytes, bytearray)):
                 try:
                     value = json.loads(value)
-                except ValueError:
-                    pass
-            problem = _shape_problem(value)
+                except ValueError as exc:  # UnicodeDecodeError too
+                    problem = f"a body that is not JSON ({exc})"
+            problem = problem or _shape_problem(value)
             if problem is None:
                 self._slots.append(len(rows))
                 rows.append(value)

@@ -190,6 +190,14 @@ def test_tiny_accepts_a_raw_json_body(serve) -> None:
     assert len(output) == 10
 
 
+def test_tiny_names_a_body_that_is_not_json_as_such(serve) -> None:
+    (error,) = serve("tiny").batch([bytearray(b'{"data": [1,2')])
+    assert isinstance(error, handlers.RequestError) and error.status == 400
+    assert error.message.startswith("expected a JSON list of 64 numbers, got a body that is "
+                                    "not JSON (Expecting"), error.message
+    assert "bytearray" not in error.message
+
+
 # --- build_all ---------------------------------------------------------------------------
 
 
