@@ -540,8 +540,12 @@ class Management:
     def op_metrics(self, args: dict[str, Any], respond: Respond):
         from mservd.metrics import CONTENT_TYPE
 
+        names = args.get("names") or []
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BadRequest("names must be a list of metric names.")
         return Reply(200, self.ctl.metrics.render(
-            self.ctl.registry, self.ctl.scheduler.running_requests), content_type=CONTENT_TYPE)
+            self.ctl.registry, self.ctl.scheduler.running_requests, names),
+            content_type=CONTENT_TYPE)
 
     # -- Open Inference Protocol v2: readiness and metadata (docs/v2.md) -------------------
 

@@ -13,7 +13,7 @@ import collections
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
@@ -214,8 +214,10 @@ class Metrics:
                 child.set(float(value))
 
     def render(self, registry: Registry,
-               running: Callable[[ModelVersion], int] = lambda mv: 0) -> bytes:
-        """The text for ``GET /metrics``: state gauges are read now."""
+               running: Callable[[ModelVersion], int] = lambda mv: 0,
+               names: Iterable[str] = ()) -> bytes:
+        """The text for ``GET /metrics``: state gauges are read now. ``names``: only the
+        samples of these names (TorchServe's ``?name[]=...``), else all."""
         import psutil
 
         for gauge in (self.pending, self.running, self.live, self.memory, self.batch_limit,
@@ -242,4 +244,6 @@ class Metrics:
                 except psutil.Error:
                     continue
                 self.memory.labels(mv.name, mv.version, worker.id).set(rss)
-        return generate_latest(self.registry)
+        names = set(names)
+        return generate_latest(self.registry.restricted_registry(names) if names
+                               else self.registry)

@@ -52,6 +52,22 @@ def test_metrics_count_a_known_mix_of_requests(daemon_factory) -> None:
     assert value == 8
 
 
+def test_metrics_keep_only_the_names_asked_for_as_torchserve_does(daemon_factory) -> None:
+    import requests
+
+    daemon = daemon_factory({"load_models": "echo.mar"})
+    assert daemon.predict("echo", json={"i": 1}).status_code == 200
+    url = daemon.url("metrics", "/metrics")
+    text = requests.get(url, params={"name[]": ["ts_inference_requests_total", "Requests2XX"]},
+                        timeout=10).text
+    samples = {line.split("{")[0].split()[0] for line in text.splitlines()
+               if line and not line.startswith("#")}
+    assert samples == {"ts_inference_requests_total", "Requests2XX"}, text
+    assert "# TYPE ts_inference_requests_total counter" in text
+    everything = requests.get(url, timeout=10).text
+    assert "mservd_request_latency_seconds_bucket" in everything  # no names: every sample
+
+
 def test_model_log_tags_handler_output_with_pid_and_request_id(daemon_factory) -> None:
     daemon = daemon_factory({"load_models": "echo.mar"})
     answer = daemon.predict("echo", json={"say": "hello-log"})

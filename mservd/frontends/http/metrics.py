@@ -1,8 +1,10 @@
-"""The metrics API: ``GET /metrics`` in Prometheus text format, rendered by the controller."""
+"""The metrics API: ``GET /metrics`` in Prometheus text format, rendered by the controller;
+``?name[]=a&name[]=b`` keeps the samples of those names, as in TorchServe."""
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs
 
 from mservd.errors import MethodNotAllowed, ResourceNotFound
 from mservd.frontends.async_bridge import AsyncBridge
@@ -21,5 +23,6 @@ class MetricsRoutes:
                                    "Try /metrics.")
         if request.method != "GET":
             raise MethodNotAllowed("Use GET /metrics.")
-        reply = await self.bridge.manage("metrics", {}, None, TIMEOUT)
+        names = parse_qs(request.query).get("name[]", [])
+        reply = await self.bridge.manage("metrics", {"names": names}, None, TIMEOUT)
         return Answer(reply.status, reply.body, reply.content_type)
