@@ -418,7 +418,8 @@ def scale_command(client: Client, model: str, version: str | None, min_worker: i
                           "synchronous": False})
     if synchronous:
         _wait_for_workers(client, model, version, timeout, unregister_on_failure=False)
-        answer = {"status": f"Workers scaled to {min_worker} for model: {model}"}
+        answer = {"status": f"Workers scaled to {min_worker} for model: {model}"
+                            + (f", version: {version}" if version else "")}
     _print_status(answer, as_json)
 
 

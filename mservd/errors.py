@@ -60,6 +60,12 @@ class ModelNotFound(MservdError):
     type = "ModelNotFoundException"
 
 
+class ModelVersionNotFound(ModelNotFound):
+    """The model is registered, the version asked for is not (TorchServe's type for it)."""
+
+    type = "ModelVersionNotFoundException"
+
+
 class ResourceNotFound(MservdError):
     http_status = 404
     type = "ResourceNotFoundException"
@@ -67,7 +73,7 @@ class ResourceNotFound(MservdError):
 
 class MethodNotAllowed(MservdError):
     http_status = 405
-    type = "MethodNotAllowed"
+    type = "MethodNotAllowedException"
 
 
 class Conflict(MservdError):

@@ -252,8 +252,12 @@ class Management:
             ctl.reconcile_pools(time.monotonic())
             done = f'Model "{name}" Version: {version} registered with {mv.target_workers} ' \
                    "initial workers"
-            if not synchronous or mv.target_workers == 0:
-                respond(Reply(200 if mv.target_workers == 0 else 202, {"status": done}))
+            if mv.target_workers == 0:  # TorchServe's words for it
+                respond(Reply(200, {"status": f"{done}. Use scale workers API to add workers "
+                                              "for the model."}))
+                return
+            if not synchronous:  # names the version, which `mservd models register` waits for
+                respond(Reply(202, {"status": done}))
                 return
 
             def check(now: float):
@@ -419,8 +423,10 @@ class Management:
                                               "unregistered while scaling."})
             workers = list(mv.workers.values())
             if len(workers) == mv.target_workers and all(w.is_serving for w in workers):
-                return Reply(200, {"status": f"Workers scaled to {mv.target_workers} for model: "
-                                             f"{mv.name}"})
+                scaled = f"Workers scaled to {mv.target_workers} for model: {mv.name}"
+                if args.get("version"):  # as TorchServe: named when the call named it
+                    scaled += f", version: {mv.version}"
+                return Reply(200, {"status": scaled})
             if self.ctl.supervisor.is_failed(mv):
                 return Reply(500, {"code": 500, "type": "InternalServerException",
                                    "message": f"Failed to start workers for model {mv.name} "

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from mservd.advisor import LARGEST_BATCH, BatchCosts
 from mservd.batcher import Batcher
-from mservd.errors import Forbidden, ModelNotFound
+from mservd.errors import Forbidden, ModelNotFound, ModelVersionNotFound
 from mservd.spinning import Spin
 
 if TYPE_CHECKING:
@@ -133,7 +133,8 @@ class Registry:
             version = entry.default_version
         mv = entry.versions.get(version) if version is not None else None
         if mv is None:
-            raise ModelNotFound(f"Model version: {version} does not exist for model: {name}")
+            raise ModelVersionNotFound(
+                f"Model version: {version} does not exist for model: {name}")
         return mv
 
     def default_version(self, name: str) -> str | None:

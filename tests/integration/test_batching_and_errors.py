@@ -65,6 +65,7 @@ def test_unknown_model_and_version_are_404(daemon) -> None:
                              "message": "Model not found: nope"}
     answer = daemon.predict("echo", "9.9", json={})
     assert answer.status_code == 404
+    assert answer.json()["type"] == "ModelVersionNotFoundException"  # TorchServe's type
     assert answer.json()["message"] == "Model version: 9.9 does not exist for model: echo"
 
 
@@ -73,7 +74,7 @@ def test_unknown_route_and_wrong_method(daemon) -> None:
     assert answer.status_code == 404 and answer.json()["code"] == 404
     answer = requests.get(daemon.url("inference", "/predictions/echo"), timeout=10,
                           headers={"Authorization": f"Bearer {daemon.key('inference')}"})
-    assert answer.status_code == 405 and answer.json()["type"] == "MethodNotAllowed"
+    assert answer.status_code == 405 and answer.json()["type"] == "MethodNotAllowedException"
     answer = daemon.manage("PATCH", "/models/echo")
     assert answer.status_code == 405
 

@@ -65,7 +65,8 @@ def test_register_no_synchronous_prints_the_api_json(daemon) -> None:
                     "--initial-workers", "0", "--batch-size", "4", "--max-batch-delay", "20",
                     "--json", daemon=daemon)
     assert json.loads(ok(result)) == {
-        "status": 'Model "echo" Version: 2.0 registered with 0 initial workers'}
+        "status": 'Model "echo" Version: 2.0 registered with 0 initial workers. Use scale '
+                  "workers API to add workers for the model."}
     assert progress(result.stderr) == []
     [desc] = daemon.describe("echo", "2.0")
     assert (desc["batchSize"], desc["maxBatchDelay"], desc["workers"]) == (4, 20, [])

@@ -43,6 +43,10 @@ def test_register_predict_scale_and_unregister_a_sample(daemon, store) -> None:
 
     one = wait_until(scaled_down, 30, "tiny to scale down to one worker")
     assert one < two
+    # a call that names the version is answered naming it, as TorchServe does
+    answer = daemon.manage("PUT", "/models/tiny/1.0",
+                           params={"min_worker": 1, "synchronous": "true"})
+    assert answer.json() == {"status": "Workers scaled to 1 for model: tiny, version: 1.0"}
     gone = two - one
 
     def exited(pid: int) -> bool:

@@ -91,7 +91,7 @@ def create_management_app(bridge: Any, timeout: float, auth: bool) -> Flask:
     @app.errorhandler(HTTPException)
     def on_http(exc: HTTPException) -> Response:
         code = exc.code or 500
-        kinds = {404: "ResourceNotFoundException", 405: "MethodNotAllowed"}
+        kinds = {404: "ResourceNotFoundException", 405: "MethodNotAllowedException"}
         message = (f"Requested resource is not found: {request.method} {request.path}"
                    if code == 404 else exc.description or exc.name)
         return Response(error_body(code, kinds.get(code, exc.name), message), status=code,
