@@ -97,6 +97,15 @@ class KeyStore:
             os.unlink(tmp)
             raise
 
+    def remove(self) -> None:
+        """At stop, as TorchServe does: delete the key file, unless it no longer holds these
+        keys (another daemon started from the same folder wrote its own since)."""
+        try:
+            if read_key_file(self.path) == self.keys:
+                self.path.unlink()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # gone, or not ours to judge: leave it
+
 
 def read_key_file(path: Path) -> dict[str, str]:
     """The keys as a client reads them: ``{"inference": ..., "management": ..., "API": ...}``."""

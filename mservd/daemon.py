@@ -252,6 +252,8 @@ class Daemon:
             shutil.rmtree(run_dir, ignore_errors=True)
             pid_path(self.log_dir).unlink(missing_ok=True)
             state_path(self.log_dir).unlink(missing_ok=True)
+            if keys is not None:
+                keys.remove()
             log.info("mservd stopped")
         if self.failure is not None:
             if not self.ready:  # `mservd start` shows this, not a daemon nobody can reach

@@ -51,6 +51,7 @@ def test_start_status_second_start_and_stop(tmp_path: Path, store: Path) -> None
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert alive == []
     assert mservd("status", cwd=tmp_path).returncode != 0
+    assert not (tmp_path / "key_file.json").exists()  # its keys died with it, as TorchServe's
 
 
 def test_start_reports_a_model_that_failed_to_load(tmp_path: Path, store: Path) -> None:

@@ -91,3 +91,13 @@ def test_keystore_key_file_stamps_expiry_from_the_clock(keys: KeyStore, clock: C
     stamp = dt.datetime.strptime(doc[INFERENCE]["expiration time"], "%Y-%m-%dT%H:%M:%S.%fZ")
     assert stamp.replace(tzinfo=dt.timezone.utc).timestamp() == pytest.approx(clock.now + 60.0)
     assert keys.path.stat().st_mode & 0o777 == 0o600
+
+
+def test_keystore_removes_its_key_file_but_not_one_another_daemon_wrote(tmp_path) -> None:
+    ours = KeyStore(tmp_path / "key_file.json", expiration_min=1.0)
+    ours.remove()
+    assert not ours.path.exists()
+    ours.write()
+    theirs = KeyStore(tmp_path / "key_file.json", expiration_min=1.0)  # started here since
+    ours.remove()
+    assert read_key_file(theirs.path) == theirs.keys
