@@ -161,9 +161,12 @@ class BaseHandler:
         return data.tolist()
 
     def handle(self, data: list[Any], context: Context) -> list[Any]:
-        """Run one batch: ``preprocess → inference → postprocess``, or an explanation."""
+        """Run one batch: ``preprocess → inference → postprocess``, or an explanation, or a
+        describe call's question (``describe_handle``)."""
         start = time.perf_counter()
         self.context = context
+        if self._is_describe():
+            return [self.describe_handle()]
         batch = self.preprocess(data)
         if self._is_explain():
             output = self.explain_handle(batch, data)
@@ -188,6 +191,11 @@ class BaseHandler:
             target = row.get("target") or 0
         return get_insights(data_preprocess, inputs, target)
 
+    def describe_handle(self) -> Any:
+        """The model's own metadata for ``GET /models/{name}?customized=true`` (shown there as
+        ``customizedMetadata``; a dict, as TorchServe expects): none by default."""
+        return None
+
     def get_device(self) -> torch.device | None:
         return self.device
 
@@ -199,6 +207,13 @@ class BaseHandler:
         value = self.context.get_request_header(0, "explain")
         self.explain = value is not None and value.strip().lower() == "true"
         return self.explain
+
+    def _is_describe(self) -> bool:
+        """A describe call's question (TorchServe's ``describe: True`` header), not a request."""
+        if not self.context or not self.context.request_processor:
+            return False
+        value = self.context.get_request_header(0, "describe")
+        return value is not None and value.strip().lower() == "true"
 
     def _to_device(self, data: Any) -> Any:
         """Tensors, and tensors inside lists, tuples and dicts, moved to the handler's device."""

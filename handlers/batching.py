@@ -59,7 +59,8 @@ class BatchedHandler(BaseHandler):
 
     def handle(self, data: list[Any], context: Context) -> list[Any]:
         self.context = context
-        if self._is_explain() or type(self).preprocess is not BatchedHandler.preprocess:
+        if (self._is_explain() or self._is_describe()
+                or type(self).preprocess is not BatchedHandler.preprocess):
             return super().handle(data, context)
         start = time.perf_counter()
         outputs: list[Any] = [None] * len(data)

@@ -8,8 +8,9 @@ The policy keeps a lone request fast and a loaded server efficient:
   version is busy (waiting for batch-mates would only add latency to an idle server);
 * while some worker is busy, an idle worker waits up to ``max_batch_delay`` from the oldest
   request's arrival for the batch to fill;
-* a batch is all predictions or all explanations (``explain``), never a mix: a handler
-  decides how to run a whole batch;
+* a batch is all predictions or all explanations (``kind``), never a mix: a handler decides
+  how to run a whole batch; a describe call's question to the handler runs alone, as
+  TorchServe runs it (the handler answers it with one document);
 * requests whose deadline passes in the queue are taken out by ``expire`` to be answered 504,
   never computed;
 * ``oldest_wait`` lets the controller refuse new requests while the queue is standing still
@@ -22,10 +23,13 @@ from collections import deque
 from typing import Generic, Protocol, TypeVar
 
 
+PREDICTION, EXPLANATION, DESCRIPTION = 0, 1, 2  # what a queued item asks of the handler
+
+
 class Queued(Protocol):
     arrived: float
     deadline: float
-    explain: bool
+    kind: int  # PREDICTION, EXPLANATION or DESCRIPTION
 
 
 T = TypeVar("T", bound=Queued)
@@ -76,13 +80,15 @@ class Batcher(Generic[T]):
             if now < queue[0].arrived + self.max_batch_delay:
                 return []
         self._soonest = None
-        if not any(item.explain for item in queue):  # predictions only: the common case
+        if not any(item.kind for item in queue):  # predictions only: the common case
             return [queue.popleft() for _ in range(min(size, len(queue)))]
         # the head's kind, in queue order, from anywhere in the queue; the rest keep their order
-        explain = queue[0].explain
+        kind = queue[0].kind
+        if kind == DESCRIPTION:
+            size = 1
         taken, kept = [], deque()
         for item in queue:
-            if item.explain == explain and len(taken) < size:
+            if item.kind == kind and len(taken) < size:
                 taken.append(item)
             else:
                 kept.append(item)

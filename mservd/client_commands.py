@@ -256,11 +256,15 @@ def list_command(client: Client, as_json: bool) -> None:
 @models_group.command("describe")
 @click.argument("model")
 @click.argument("version", required=False)
+@click.option("--customized", is_flag=True,
+              help="Ask the model's handler for its own metadata too (its describe_handle()).")
 @client_options()
 @json_option
-def describe_command(client: Client, model: str, version: str | None, as_json: bool) -> None:
+def describe_command(client: Client, model: str, version: str | None, customized: bool,
+                     as_json: bool) -> None:
     """Describe MODEL's default version, one VERSION, or all versions ('all')."""
-    versions = client.call("GET", _path(model, version))
+    versions = client.call("GET", _path(model, version),
+                           {"customized": "true"} if customized else None)
     if as_json:
         _print_json(versions)
         return
@@ -297,6 +301,8 @@ def _describe_block(desc: dict[str, Any]) -> str:
                                     f"{advice['maxBatchDelay']} ms: {advice['why']}"))
     if desc.get("loadError"):
         settings.append(("load error", desc["loadError"].splitlines()[0]))
+    if "customizedMetadata" in desc:
+        settings.append(("handler metadata", json.dumps(desc["customizedMetadata"])))
     width = max(len(key) for key, _ in settings) + 1
     lines += [f"  {key + ':':<{width}} {value}" for key, value in settings]
     workers = desc.get("workers") or []

@@ -19,6 +19,7 @@ controller hears of those afterwards (SERVED).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,6 +37,7 @@ from mservd.management import Management
 from mservd.metrics import Metrics
 from mservd.protocol import Reply
 from mservd.registry import ModelVersion, Registry
+from mservd.batcher import EXPLANATION
 from mservd.scheduler import (
     Action,
     CancelRunning,
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 MAINTENANCE_INTERVAL = 0.1  # seconds between reaping/timeout sweeps under load
 IDLE_POLL = 1.0
+# Who asked, for the controller's own questions to a handler (describe's customized metadata):
+# never a frontend's name (ZeroMQ's begin with a zero byte, reply endpoints with ipc://)
+OWN = b"controller"
 
 
 # The keys a controller verb may be called with, decided by the verb: the API a frontend says a
@@ -110,6 +115,7 @@ class Controller:
         self.waiters: list[Waiter] = []
         self.answers: dict[bytes, list[protocol.Result]] = {}  # per frontend, this turn's
         self.parts: dict[bytes, list[protocol.Result]] = {}  # ... and its streamed parts
+        self.questions: dict[bytes, Callable[[protocol.Result], None]] = {}  # ask_handler's
         self.loading: set[tuple[str, str]] = set()
         self.retired: list[ModelVersion] = []
         self.startup_pending = 0
@@ -121,6 +127,7 @@ class Controller:
         self.started_at = time.time()
         self.scheduler = Scheduler(settings, self.registry, self.metrics)
         self.management = Management(self)  # the management verbs, on a narrow view of this
+        self._asked = itertools.count(1)
 
     def start(self) -> None:
         """Bind the two sockets and start the supervisor's zygote."""
@@ -226,7 +233,7 @@ class Controller:
                 self.answer(action.fid, action.result)
             elif type(action) is SendBatch:
                 self.back.send_multipart([action.worker.identity, *protocol.batch(
-                    (p.rid, p.explain, p.fid, p.frames) for p in action.requests)])
+                    (p.rid, p.kind == EXPLANATION, p.fid, p.frames) for p in action.requests)])
             elif type(action) is Refuse:
                 self.answer(action.fid, Reply.error(action.error).result(action.rid))
             elif type(action) is KillWorker:
@@ -257,7 +264,14 @@ class Controller:
 
     def send_answers(self) -> None:
         """Each frontend's streamed parts of this turn as one CHUNK, then its answers as one
-        REPLY: a stream's last parts always reach the frontend before its end."""
+        REPLY: a stream's last parts always reach the frontend before its end. Answers to the
+        controller's own questions go to their askers first (who may answer a frontend)."""
+        if self.questions:
+            self.parts.pop(OWN, None)
+            for result in self.answers.pop(OWN, ()):
+                asker = self.questions.pop(result.rid, None)
+                if asker is not None:
+                    asker(result)
         if self.parts:
             parts, self.parts = self.parts, {}
             for fid, results in parts.items():
@@ -391,6 +405,19 @@ class Controller:
                       worker.version, failure.message)
         else:
             raise protocol.ProtocolError(f"workers may not send {kind!r}")
+
+    def ask_handler(self, mv: ModelVersion, frames: list[bytes],
+                    answer: Callable[[protocol.Result], None]) -> None:
+        """Put a question of the controller's own (``frames``: meta and payloads) to the
+        version's handler, queued like a request; ``answer`` gets its result, or the error it
+        is refused with. Raises at once what a request would be refused with."""
+        rid = f"ask-{next(self._asked)}".encode()
+        self.questions[rid] = answer
+        try:
+            self.perform(self.scheduler.ask(mv, OWN, rid, frames, time.monotonic()))
+        except MservdError:
+            del self.questions[rid]
+            raise
 
     def reap_workers(self, now: float) -> None:
         for worker in self.supervisor.reap_workers(now):

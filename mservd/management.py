@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import archiver
 from archiver import ArchiveError, UnpackLimits
 from archiver.manifest import validate_model_name, validate_version
-from mservd import model_folder, overview
+from mservd import model_folder, overview, protocol
 from mservd.advisor import advise
 from mservd.auth import INFERENCE
 from mservd.config import ConfigError, read_model_yaml, resolve_model_settings, to_bool, to_int
@@ -77,6 +77,9 @@ class ModelService(Protocol):
 
     def healthy(self) -> bool: ...
 
+    def ask_handler(self, mv: ModelVersion, frames: list[bytes],
+                    answer: Callable[[protocol.Result], None]) -> None: ...
+
 log = logging.getLogger(__name__)
 
 Respond = Callable[[Reply], None]
@@ -127,6 +130,20 @@ def _int(args: dict[str, Any], key: str, default: int | None = None) -> int | No
         return to_int(value)
     except ValueError:
         raise BadRequest(f"Parameter {key} must be an integer, got {value!r}.") from None
+
+
+def _handler_metadata(reply: Reply) -> Any:
+    """What a handler's ``describe_handle()`` returned, from its answer: a JSON value as it
+    is (TorchServe's handlers return a dict), other text as a string, None for nothing."""
+    body = reply.body_bytes()
+    if reply.content_type.startswith(protocol.JSON):
+        try:
+            value = json.loads(body)
+        except ValueError:
+            value = body.decode("utf-8", "replace")
+    else:
+        value = body.decode("utf-8", "replace") or None
+    return value
 
 
 class Management:
@@ -449,7 +466,31 @@ class Management:
             versions = registry.versions(name)
         else:
             versions = [registry.get(name, version)]
+        if _flag(args.get("customized"), False) and version != "all":
+            return self._describe_customized(versions[0], respond)
         return Reply(200, [self.describe(mv) for mv in versions])
+
+    def _describe_customized(self, mv: ModelVersion, respond: Respond) -> None:
+        """``customized=true``: the describe document with the handler's own metadata (its
+        ``describe_handle()``) as ``customizedMetadata``, asked of a worker like a request,
+        as TorchServe does. A handler that fails answers with its error."""
+        if mv.settings.continuous_batching:
+            raise BadRequest(f"Model {mv.name} version {mv.version} batches continuously: its "
+                             "handler runs sequences, not a describe call; describe it without "
+                             "customized=true.")
+
+        def answered(result: protocol.Result) -> None:
+            reply = Reply.from_result(result)
+            if reply.status >= 400:
+                respond(reply)
+                return
+            doc = self.describe(mv)
+            metadata = _handler_metadata(reply)
+            if metadata is not None:
+                doc["customizedMetadata"] = metadata
+            respond(Reply(200, [doc]))
+
+        self.ctl.ask_handler(mv, protocol.describe_question(), answered)
 
     def describe(self, mv: ModelVersion) -> dict[str, Any]:
         workers = []

@@ -265,6 +265,13 @@ def batch_of(requests: Iterable[Request]) -> list[bytes]:
                  for r in requests)
 
 
+def describe_question() -> list[bytes]:
+    """The meta and payload frames of a describe call's question to a handler
+    (``customized=true``): no input, and the ``describe: True`` header TorchServe's handlers
+    look for (``BaseHandler._is_describe``)."""
+    return [packb([CODEC_TORCHSERVE, [], {"describe": "True"}])]
+
+
 def parse_batch(frames: Sequence[bytes]) -> list[Request]:
     """The requests of a BATCH message (without its kind frame)."""
     requests = []

@@ -26,6 +26,7 @@ from typing import Union
 
 from mservd import protocol
 from mservd.advisor import advise, next_to_try
+from mservd.batcher import DESCRIPTION, EXPLANATION, PREDICTION
 from mservd.config import Settings
 from mservd.errors import DeadlineExceeded, MservdError, NoWorker, QueueFull, WorkerDied
 from mservd.leases import Leases, Lend, Recall, Revoke
@@ -41,11 +42,11 @@ SIZE_INTERVAL = 0.1  # ... and at least these seconds: a fast model is not refit
 class Pending:
     """A queued or running request: who asked, its frames, and its clock."""
 
-    __slots__ = ("rid", "fid", "frames", "arrived", "deadline", "ends_by", "explain",
+    __slots__ = ("rid", "fid", "frames", "arrived", "deadline", "ends_by", "kind",
                  "retried", "last_part")
 
     def __init__(self, rid: bytes, fid: bytes, frames: list[bytes], arrived: float,
-                 deadline: float, explain: bool = False) -> None:
+                 deadline: float, kind: int = PREDICTION) -> None:
         self.rid = rid
         self.fid = fid
         self.frames = frames  # the meta header and payloads, forwarded as they came
@@ -54,7 +55,7 @@ class Pending:
         # past it, a running generation is stopped: set only when a continuous-batching
         # request has a deadline of its own (the client's, or default_request_timeout_ms)
         self.ends_by = float("inf")
-        self.explain = explain
+        self.kind = kind  # PREDICTION, EXPLANATION or DESCRIPTION (batcher.py)
         self.retried = False
         self.last_part: float | None = None  # when its last streamed part came
 
@@ -109,6 +110,7 @@ class Running:
     requests: dict[bytes, Pending]
     started: float
     deadline: float  # past it the batch has hung: the worker is killed
+    counted: bool = True  # False: the controller's own question, not the model's traffic
 
 
 class Scheduler:
@@ -144,7 +146,8 @@ class Scheduler:
             arrived = sent if sent is not None and 0.0 <= now - sent < 60.0 else now
             deadline = arrived + self.queue_timeout(mv, route)
             self._admit(mv, now, arrived, deadline)
-            pending = Pending(route.rid, fid, frames, arrived, deadline, route.explain)
+            pending = Pending(route.rid, fid, frames, arrived, deadline,
+                              EXPLANATION if route.explain else PREDICTION)
             if mv.settings.continuous_batching:
                 pending.ends_by = arrived + self.request_timeout(route)
             if not mv.batcher.add(pending):
@@ -156,6 +159,23 @@ class Scheduler:
             return None, [self.refuse(fid, route.rid, exc, mv, route.model)]
         self.metrics.version(mv.key).requests.inc()
         return mv, []
+
+    def ask(self, mv: ModelVersion, fid: bytes, rid: bytes, frames: list[bytes],
+            now: float) -> list[Action]:
+        """A describe call's question to the version's handler (TorchServe's
+        ``customized=true``), answered to ``fid``: queued behind the requests, run in a batch
+        of its own, and kept out of the version's request counts and batch timings. Raises
+        what a request would be refused with."""
+        if not any(w.is_serving for w in mv.workers.values()):
+            raise NoWorker(f"No worker is available to describe model: {mv.name} version: "
+                           f"{mv.version}. Use scale workers API to add workers for the model.")
+        pending = Pending(rid, fid, frames, now, now + mv.settings.response_timeout,
+                          DESCRIPTION)
+        if not mv.batcher.add(pending):
+            raise QueueFull(f"Model {mv.name} version {mv.version} has "
+                            f"{mv.batcher.capacity} requests queued (job_queue_size); retry "
+                            "later.", headers={"Retry-After": "1"})
+        return self.dispatch(mv, now)
 
     def _admit(self, mv: ModelVersion, now: float, arrived: float, deadline: float) -> None:
         """Refuse at once what cannot be answered in time; by default that is only a request
@@ -264,9 +284,11 @@ class Scheduler:
             batch = mv.batcher.take(now, any_busy)
             if not batch:
                 break
-            observe_waits(vm, batch, now)
+            counted = batch[0].kind != DESCRIPTION
+            if counted:
+                observe_waits(vm, batch, now)
             self.running[worker.id] = Running(mv, {p.rid: p for p in batch}, now,
-                                              now + mv.settings.response_timeout)
+                                              now + mv.settings.response_timeout, counted)
             actions.append(SendBatch(worker, batch))
             any_busy = True
         return actions
@@ -324,6 +346,8 @@ class Scheduler:
         if mv.settings.continuous_batching:
             return self._finished_some(worker, running, results, now, answered)
         del self.running[worker.id]
+        if not running.counted:
+            return self._answered_question(running, results) + self.dispatch(mv, now)
         vm = self.metrics.version(mv.key)
         vm.batch.observe(len(running.requests))
         self.leases.batch_ran(mv, len(running.requests))
@@ -355,6 +379,17 @@ class Scheduler:
         if not more and fid is not None:  # nothing more to run: the frontend may send itself
             more = self.leases.lend(mv, worker, fid, self.running, now)
         return actions + more
+
+    def _answered_question(self, running: Running, results: list[protocol.Result]
+                           ) -> list[Action]:
+        """The answer to a question of :meth:`ask`, to whoever asked: nothing counted."""
+        actions: list[Action] = []
+        for result in results:
+            pending = running.requests.pop(result.rid, None)
+            if pending is not None:
+                actions.append(Forward(pending.fid, result))
+        return actions + [Refuse(p.fid, p.rid, WorkerDied("The worker returned no answer."))
+                          for p in running.requests.values()]
 
     def returned(self, worker: Worker, now: float, used: bool = True) -> list[Action]:
         """A recalled worker ran its leased batches (``used``: it had some): it takes the

@@ -105,6 +105,11 @@ def test_describe_prints_settings_and_a_worker_table(daemon) -> None:
     assert as_json[0]["workers"][0]["pid"] == worker["pid"]
     assert set(as_json[0]) == set(desc)
 
+    customized = ok(mservd("models", "describe", "echo", "--customized", daemon=daemon))
+    [line] = [ln for ln in customized.splitlines() if ln.startswith("  handler metadata: ")]
+    asked = json.loads(line.split(":", 1)[1])  # echo has no describe_handle: it answers the
+    assert asked["echo"] is None and asked["batch_size"] == 1  # question as an empty request
+
 
 def test_scale_synchronous_waits_for_the_new_worker(daemon) -> None:
     result = mservd("models", "scale", "echo", "--min-worker", "2", "--max-worker", "2",

@@ -152,6 +152,15 @@ def test_models_are_listed_for_openai_and_kserve_clients_alike(client, daemon) -
     assert sorted(kserve["models"]) == ["minilm", "smollm2"]
 
 
+def test_describe_customized_asks_minilms_handler_and_refuses_a_continuous_model(daemon) -> None:
+    answer = daemon.manage("GET", "/models/minilm?customized=true")
+    assert answer.status_code == 200, answer.text
+    [minilm] = answer.json()  # a BaseHandler without describe_handle of its own: nothing added
+    assert minilm["modelName"] == "minilm" and "customizedMetadata" not in minilm
+    refused = daemon.manage("GET", "/models/smollm2?customized=true")
+    assert refused.status_code == 400 and "continuously" in refused.json()["message"]
+
+
 def test_openai_errors_have_openais_shape(client) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])

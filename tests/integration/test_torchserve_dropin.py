@@ -57,6 +57,10 @@ class Doubler(BaseHandler):
         self.context.metrics.add_metric("DropinBatch", len(data), "count", None, None,
                                         MetricTypes.GAUGE)
         return data.tolist()
+
+    def describe_handle(self):  # GET /models/cls?customized=true
+        return {"model": "doubler", "weights": "2I", "batch": self.context.system_properties[
+            "batch_size"]}
 '''
 
 FUNCTION_HANDLER = '''
@@ -226,6 +230,41 @@ def test_class_handler_extending_ts_base_handler(ts_daemon: Daemon) -> None:
     answer = ts_daemon.predict("cls", json={"x": [1.5, -2.0]})
     assert answer.status_code == 200, answer.text
     assert answer.json() == [3.0, -4.0]
+
+
+def test_describe_customized_shows_what_the_handlers_describe_handle_returns(
+        ts_daemon: Daemon) -> None:
+    import grpc
+
+    from mservd.frontends.grpc.generated import management_pb2, management_pb2_grpc
+
+    metadata = {"model": "doubler", "weights": "2I", "batch": 1}
+    [plain] = ts_daemon.describe("cls")
+    assert "customizedMetadata" not in plain
+    counted = 'ts_inference_requests_total{model_name="cls",model_version="1.0"}'
+    served = ts_daemon.metrics()[counted]
+    for path in ("/models/cls?customized=true", "/models/cls/1.0?customized=true"):
+        answer = ts_daemon.manage("GET", path)
+        assert answer.status_code == 200, answer.text
+        [described] = answer.json()
+        assert described["customizedMetadata"] == metadata
+        assert described["modelName"] == "cls" and described["workers"][0]["status"] == "READY"
+    [every] = ts_daemon.manage("GET", "/models/cls/all?customized=true").json()
+    assert "customizedMetadata" not in every  # as TorchServe: all versions, no handler asked
+
+    channel = grpc.insecure_channel(ts_daemon.grpc_address("management"))
+    stub = management_pb2_grpc.ManagementAPIsServiceStub(channel)
+    key = (("authorization", f"Bearer {ts_daemon.key('management')}"),)
+    reply = stub.DescribeModel(management_pb2.DescribeModelRequest(
+        model_name="cls", customized=True), metadata=key, timeout=60)
+    assert json.loads(reply.msg)[0]["customizedMetadata"] == metadata
+    channel.close()
+
+    # the questions were no predictions, and the worker predicts as before
+    assert ts_daemon.metrics()[counted] == served
+    assert ts_daemon.predict("cls", json={"x": [1.0, 2.0]}).json() == [2.0, 4.0]
+    bad = ts_daemon.manage("GET", "/models/cls?customized=maybe")
+    assert bad.status_code == 400 and "maybe" in bad.json()["message"]
 
 
 def test_module_function_handler(ts_daemon: Daemon) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mservd.batcher import Batcher
+from mservd.batcher import DESCRIPTION, EXPLANATION, PREDICTION, Batcher
 
 
 @dataclass
@@ -12,7 +12,7 @@ class Item:
     name: str
     arrived: float
     deadline: float = 100.0
-    explain: bool = False
+    kind: int = PREDICTION
 
 
 def test_batcher_sends_a_lone_request_at_once_when_no_worker_is_busy() -> None:
@@ -80,8 +80,19 @@ def test_batcher_removes_what_the_predicate_selects() -> None:
 
 def test_batcher_never_mixes_explanations_with_predictions() -> None:
     b = Batcher(batch_size=8, max_batch_delay=0.0, capacity=10)
-    for name, explain in (("p1", False), ("p2", False), ("e1", True), ("p3", False)):
-        b.add(Item(name, 0.0, explain=explain))
+    for name, kind in (("p1", PREDICTION), ("p2", PREDICTION), ("e1", EXPLANATION),
+                       ("p3", PREDICTION)):
+        b.add(Item(name, 0.0, kind=kind))
     assert [i.name for i in b.take(now=0.0, any_busy=False)] == ["p1", "p2", "p3"]
     assert [i.name for i in b.take(now=0.0, any_busy=False)] == ["e1"]
     assert len(b) == 0
+
+
+def test_batcher_runs_each_describe_question_alone_in_its_turn() -> None:
+    b = Batcher(batch_size=8, max_batch_delay=0.0, capacity=10)
+    for name, kind in (("d1", DESCRIPTION), ("d2", DESCRIPTION), ("p1", PREDICTION),
+                       ("p2", PREDICTION)):
+        b.add(Item(name, 0.0, kind=kind))
+    assert [i.name for i in b.take(now=0.0, any_busy=False)] == ["d1"]
+    assert [i.name for i in b.take(now=0.0, any_busy=False)] == ["d2"]
+    assert [i.name for i in b.take(now=0.0, any_busy=False)] == ["p1", "p2"]

@@ -3,13 +3,17 @@ management verbs and the supervisor's pool decisions are tested on a controller 
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
 
+from mservd import protocol
 from mservd.config import Settings, resolve_model_settings
 from mservd.controller import Controller
-from mservd.errors import BadRequest
+from mservd.errors import BadRequest, error_body
+from mservd.protocol import Reply
 from mservd.registry import ModelVersion
 from mservd.worker_handle import Worker, WorkerState
 
@@ -133,3 +137,37 @@ def test_the_key_a_verb_needs_is_the_verbs_to_pick() -> None:
     assert key_for("unregister", protocol.API_INFERENCE) == MANAGEMENT
     assert key_for("overview", protocol.API_INFERENCE) == MANAGEMENT
     assert key_for("metrics", protocol.API_INFERENCE) is None
+
+
+class SentFrames:
+    """A ROUTER socket that records what it was given to send."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[bytes]] = []
+
+    def send_multipart(self, frames: list[bytes]) -> None:
+        self.sent.append(frames)
+
+
+def test_describe_customized_asks_a_worker_and_answers_with_what_the_handler_said(
+        tmp_path: Path) -> None:
+    ctl = controller(tmp_path)
+    ctl.front, ctl.back = SentFrames(), SentFrames()
+    add_version(ctl, "m", [WorkerState.SERVING])
+    answers: list[Reply] = []
+    for said in (protocol.head(200), protocol.head(507)):
+        assert ctl.management.call("describe", {"model": "m", "customized": "true"}, None,
+                                   answers.append) is None
+        [identity, kind, *frames] = ctl.back.sent.pop()
+        [question] = protocol.parse_batch(frames)
+        assert kind == protocol.BATCH and question.payloads == []
+        assert question.headers == {"describe": "True"} and not question.explain
+        body = (b'{"labels": 10}' if said == protocol.head(200)
+                else error_body(507, "WorkerOOM", "out of memory"))
+        ctl.on_worker([identity, *protocol.done([protocol.Result(question.rid, said, body)])],
+                      time.monotonic())
+        ctl.send_answers()
+    described, failed = answers
+    assert described.status == 200 and described.body[0]["customizedMetadata"] == {"labels": 10}
+    assert failed.status == 507 and json.loads(failed.body)["type"] == "WorkerOOM"
+    assert ctl.front.sent == [] and ctl.questions == {}  # nothing went to a frontend

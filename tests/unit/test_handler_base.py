@@ -201,6 +201,25 @@ def test_base_handler_explain_calls_get_insights(scripted_dir: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("handler_class", [RowsHandler, NumberHandler])
+def test_a_describe_question_gets_describe_handle_and_runs_no_model(
+        scripted_dir: Path, handler_class: type) -> None:
+    class Described(handler_class):
+        def describe_handle(self) -> dict[str, Any]:
+            return {"labels": 10, "trained_on": "digits"}
+
+        def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("a describe question ran the model")
+
+    handler = Described()
+    ctx = context(scripted_dir, {"serializedFile": "model.pt"}, 1, [{"describe": "True"}])
+    handler.initialize(ctx)
+    assert handler.handle([{}], ctx) == [{"labels": 10, "trained_on": "digits"}]
+    plain = RowsHandler()  # TorchServe's default: no metadata
+    plain.initialize(ctx)
+    assert plain.handle([{}], ctx) == [None]
+
+
 def test_batched_handler_failures_stay_with_their_request(scripted_dir: Path) -> None:
     handler = NumberHandler()
     ctx = context(scripted_dir, {"serializedFile": "model.pt"}, 4)

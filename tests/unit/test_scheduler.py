@@ -6,8 +6,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from mservd import protocol
 from mservd.config import Settings, resolve_model_settings
+from mservd.errors import MservdError
 from mservd.metrics import Metrics
 from mservd.registry import ModelVersion, Registry
 from mservd.scheduler import Forward, KillWorker, Refuse, Scheduler, SendBatch
@@ -250,6 +253,27 @@ def test_scheduler_counts_answers_a_worker_sent_itself_and_forwards_none() -> No
     [next_batch] = s.finished(worker, sent, now=0.1, answered=True)
     assert isinstance(next_batch, SendBatch) and [p.rid for p in next_batch.requests] == [b"b"]
     assert s.metrics.version(mv.key).answers == {200: 1} and s.metrics.classes["2XX"] == 1
+
+
+def test_a_describe_question_runs_alone_after_the_queue_and_is_not_counted_as_traffic() -> None:
+    s, mv = setup(batch_size=4, max_batch_delay=100)
+    [first] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
+    assert s.ask(mv, b"controller", b"ask-1", [b"meta"], now=0.01) == []  # the worker is busy
+    s.submit(FRONTEND, route(b"b", 0.02), [], now=0.02)
+    [forward, question] = s.finished(first.worker, [ok(b"a")], now=0.05)
+    assert [p.rid for p in question.requests] == [b"ask-1"]  # alone, ahead of b
+    [answer, batch] = s.finished(first.worker, [ok(b"ask-1")], now=0.06)
+    assert answer == Forward(b"controller", ok(b"ask-1"))
+    assert [p.rid for p in batch.requests] == [b"b"]
+    vm = s.metrics.version(mv.key)
+    assert vm.answers == {200: 1} and list(mv.batch_costs.samples) == [(1, 0.05)]
+
+
+def test_a_describe_question_is_refused_as_a_request_would_be_without_a_worker() -> None:
+    s, mv = setup(workers=0)
+    with pytest.raises(MservdError, match="scale workers") as refused:
+        s.ask(mv, b"controller", b"ask-1", [b"meta"], now=0.0)
+    assert refused.value.http_status == 503 and len(mv.batcher) == 0
 
 
 def test_scheduler_drops_a_queued_request_whose_client_went_away() -> None:

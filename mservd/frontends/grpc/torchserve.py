@@ -129,7 +129,9 @@ class ManagementAPIs(management_pb2_grpc.ManagementAPIsServiceServicer):
 
     async def DescribeModel(self, request, context):
         return await self._manage("describe", {"model": request.model_name,
-                                               "version": request.model_version or None}, context)
+                                               "version": request.model_version or None,
+                                               "customized": request.customized or None},
+                                  context)
 
     async def ListModels(self, request, context):
         return await self._manage("list", {"limit": request.limit or None,

@@ -48,7 +48,8 @@ def create_management_app(bridge: Any, timeout: float, auth: bool) -> Flask:
     @app.get("/models/<model>")
     @app.get("/models/<model>/<version>")
     def describe(model: str, version: str | None = None) -> Response:
-        return call("describe", names(model, version))
+        return call("describe", {**names(model, version),
+                                 "customized": request.args.get("customized")})
 
     @app.put("/models/<model>")
     @app.put("/models/<model>/<version>")

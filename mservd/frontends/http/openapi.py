@@ -594,9 +594,14 @@ def _management_paths() -> dict[str, Any]:
                 "operationId": f"describeModel{suffix}",
                 "summary": "Describe the model's default version" + (
                     ", one version, or every version ('all')." if versioned else "."),
-                "parameters": _model_params(versioned, "A version, or 'all'."),
+                "parameters": [
+                    *_model_params(versioned, "A version, or 'all'."),
+                    _query("customized", "Ask the version's handler for its own metadata (its "
+                                         "describe_handle()), shown as customizedMetadata; "
+                                         "not with 'all'.", _BOOL),
+                ],
                 "responses": {"200": _json("One description per version.", describe_list),
-                              **_errors(400, 401, 404, 503)},
+                              **_errors(400, 401, 404, 500, 503, 504)},
             },
             "put": {
                 "operationId": f"scaleModel{suffix}",
@@ -680,6 +685,8 @@ _MANAGEMENT_SCHEMAS: dict[str, Any] = {
             "loadedAtStartup": {"type": "boolean"},
             "isDefault": {"type": "boolean"},
             "loadError": {"type": "string", "description": "Why the workers failed to load."},
+            "customizedMetadata": {"description": "What the handler's describe_handle() "
+                                                  "returned (customized=true)."},
             "workers": {"type": "array", "items": _WORKER},
             "jobQueueStatus": {"type": "object",
                                "required": ["remainingCapacity", "pendingRequests"],
