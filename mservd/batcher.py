@@ -22,14 +22,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Generic, Protocol, TypeVar
 
-
-PREDICTION, EXPLANATION, DESCRIPTION = 0, 1, 2  # what a queued item asks of the handler
+from mservd.protocol import DESCRIPTION
 
 
 class Queued(Protocol):
     arrived: float
     deadline: float
-    kind: int  # PREDICTION, EXPLANATION or DESCRIPTION
+    kind: int  # what it asks of the handler: protocol.PREDICTION, EXPLANATION or DESCRIPTION
 
 
 T = TypeVar("T", bound=Queued)

@@ -100,7 +100,7 @@ def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: i
         call.first = index
         rows.append(call.rows[0])
         ids.append(request.rid.decode())
-        headers.append(request.headers)
+        headers.append(request.handler_headers())
     context.begin_batch(ids, headers)
     context.calls = [(call, codec) for _, codec, call in entries]
     context.stopping_criteria = None

@@ -37,7 +37,6 @@ from mservd.management import Management
 from mservd.metrics import Metrics
 from mservd.protocol import Reply
 from mservd.registry import ModelVersion, Registry
-from mservd.batcher import EXPLANATION
 from mservd.scheduler import (
     Action,
     CancelRunning,
@@ -233,7 +232,7 @@ class Controller:
                 self.answer(action.fid, action.result)
             elif type(action) is SendBatch:
                 self.back.send_multipart([action.worker.identity, *protocol.batch(
-                    (p.rid, p.kind == EXPLANATION, p.fid, p.frames) for p in action.requests)])
+                    (p.rid, p.kind, p.fid, p.frames) for p in action.requests)])
             elif type(action) is Refuse:
                 self.answer(action.fid, Reply.error(action.error).result(action.rid))
             elif type(action) is KillWorker:

@@ -135,15 +135,13 @@ def _int(args: dict[str, Any], key: str, default: int | None = None) -> int | No
 def _handler_metadata(reply: Reply) -> Any:
     """What a handler's ``describe_handle()`` returned, from its answer: a JSON value as it
     is (TorchServe's handlers return a dict), other text as a string, None for nothing."""
-    body = reply.body_bytes()
-    if reply.content_type.startswith(protocol.JSON):
+    text = reply.body_bytes().decode("utf-8", "replace")
+    if text and reply.content_type.startswith(protocol.JSON):
         try:
-            value = json.loads(body)
+            return json.loads(text)
         except ValueError:
-            value = body.decode("utf-8", "replace")
-    else:
-        value = body.decode("utf-8", "replace") or None
-    return value
+            pass
+    return text or None
 
 
 class Management:

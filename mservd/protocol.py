@@ -42,8 +42,9 @@ to it and forwarded as the same bytes::
             inputs: how many payload frames follow the meta, so the controller finds the next
             request of the message without reading the meta)
     meta  = [codec, [[name, content_type], ...], {header: value}]
-    job   = [rid, explain, fid]   (the route's two fields a worker needs, and the frontend
-                                   that asked: the controller's name for it)
+    job   = [rid, kind, fid]   (the request's id, what it asks of the handler: PREDICTION,
+                                EXPLANATION or DESCRIPTION, and the frontend that asked:
+                                the controller's name for it)
     head  = [status, content_type, {header: value}]
 
 Messages are coalesced where a process has several to send at once: a frontend sends every
@@ -61,7 +62,9 @@ its answers as a REPLY. An answer then passes one process fewer. Streamed answer
 batch whose frontend the worker cannot reach yet, go back in a DONE through the controller.
 
 ``explain`` travels in the route alone: the controller never batches an explanation with a
-prediction, and the worker shows it to the handler as TorchServe does (an ``explain`` header).
+prediction, and the worker shows the job's kind to the handler as TorchServe does (an
+``explain: True`` header, or ``describe: True`` for a describe call's question, which the
+controller asks itself); a client's own header of either name never reaches the handler.
 A worker that sits idle can be *lent* to a frontend (LEASE, ``mservd/leases.py``): the
 frontend then sends the next requests of that model it reads as a BATCH to the worker's *job
 socket* (``jobs``, bound in the run folder) itself, the worker answers it directly, and the
@@ -232,6 +235,13 @@ def parse_route(frame: bytes) -> Route:
 
 # -- BATCH: the controller hands a worker requests ------------------------------------------
 
+# What a job asks of its handler. The worker marks the last two with the header TorchServe's
+# handlers read; only the server sets those: a client's own is dropped, or one request could
+# turn its batch-mates' predictions into explanations, or fail them with a describe document.
+PREDICTION, EXPLANATION, DESCRIPTION = 0, 1, 2
+KIND_MARKS = {EXPLANATION: "explain", DESCRIPTION: "describe"}
+_MARKS = frozenset(KIND_MARKS.values())
+
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -244,32 +254,45 @@ class Request:
     inputs: list[tuple[str, str]]
     headers: dict[str, str]
     payloads: list[bytes]
-    explain: bool = False
+    kind: int = PREDICTION
     fid: bytes = b""
 
+    @property
+    def explain(self) -> bool:
+        return self.kind == EXPLANATION
 
-def batch(requests: Iterable[tuple[bytes, bool, bytes, Sequence[bytes]]]) -> list[bytes]:
-    """The BATCH message of (rid, explain, fid, [meta, payloads...]) as the controller holds
+    def handler_headers(self) -> dict[str, str]:
+        """The headers its handler sees: the client's, without a mark only the server sets,
+        and the mark of the job's kind."""
+        headers = self.headers
+        if any(name.lower() in _MARKS for name in headers):
+            headers = {k: v for k, v in headers.items() if k.lower() not in _MARKS}
+        mark = KIND_MARKS.get(self.kind)
+        return headers if mark is None else {**headers, mark: "True"}
+
+
+def batch(requests: Iterable[tuple[bytes, int, bytes, Sequence[bytes]]]) -> list[bytes]:
+    """The BATCH message of (rid, kind, fid, [meta, payloads...]) as the controller holds
     them."""
     frames = [BATCH]
-    for rid, explain, fid, parts in requests:
-        frames.append(packb([rid, explain, fid]))
+    for rid, kind, fid, parts in requests:
+        frames.append(packb([rid, kind, fid]))
         frames.extend(parts)
     return frames
 
 
 def batch_of(requests: Iterable[Request]) -> list[bytes]:
     """The BATCH message of whole requests (``mservd run-handler`` and tests build one)."""
-    return batch((r.rid, r.explain, r.fid,
+    return batch((r.rid, r.kind, r.fid,
                   [packb([r.codec, [list(i) for i in r.inputs], r.headers]), *r.payloads])
                  for r in requests)
 
 
 def describe_question() -> list[bytes]:
     """The meta and payload frames of a describe call's question to a handler
-    (``customized=true``): no input, and the ``describe: True`` header TorchServe's handlers
-    look for (``BaseHandler._is_describe``)."""
-    return [packb([CODEC_TORCHSERVE, [], {"describe": "True"}])]
+    (``customized=true``): no input and no header; its job's kind, DESCRIPTION, has the
+    worker show the handler TorchServe's ``describe: True``."""
+    return [packb([CODEC_TORCHSERVE, [], {}])]
 
 
 def parse_batch(frames: Sequence[bytes]) -> list[Request]:
@@ -282,19 +305,20 @@ def parse_batch(frames: Sequence[bytes]) -> list[Request]:
         job = unpackb(frames[i])
         meta = unpackb(frames[i + 1])
         if not (isinstance(job, list) and len(job) == 3 and isinstance(job[0], bytes)
+                and job[1] in (PREDICTION, EXPLANATION, DESCRIPTION)
                 and isinstance(job[2], bytes)):
-            raise ProtocolError("a batch's job header must be [rid, explain, fid]")
+            raise ProtocolError("a batch's job header must be [rid, kind, fid]")
         if not (isinstance(meta, list) and len(meta) == 3 and meta[0] in CODECS
                 and isinstance(meta[1], list) and isinstance(meta[2], dict)):
             raise ProtocolError("a request's meta header must be [codec, inputs, headers]")
-        rid, explain, fid = job
+        rid, kind, fid = job
         codec, inputs, headers = meta
         count = len(inputs)
         payloads = list(frames[i + 2 : i + 2 + count])
         if len(payloads) != count:
             raise ProtocolError(f"request {rid!r} announces {count} inputs, batch has fewer")
         requests.append(Request(rid, codec, [(str(a), str(b)) for a, b in inputs], headers,
-                                payloads, bool(explain), fid))
+                                payloads, int(kind), fid))
         i += 2 + count
     return requests
 

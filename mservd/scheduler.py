@@ -26,11 +26,11 @@ from typing import Union
 
 from mservd import protocol
 from mservd.advisor import advise, next_to_try
-from mservd.batcher import DESCRIPTION, EXPLANATION, PREDICTION
 from mservd.config import Settings
 from mservd.errors import DeadlineExceeded, MservdError, NoWorker, QueueFull, WorkerDied
 from mservd.leases import Leases, Lend, Recall, Revoke
 from mservd.metrics import Metrics, VersionMetrics
+from mservd.protocol import DESCRIPTION, EXPLANATION, PREDICTION
 from mservd.registry import ModelVersion, Registry
 from mservd.worker_handle import Worker
 
@@ -55,7 +55,7 @@ class Pending:
         # past it, a running generation is stopped: set only when a continuous-batching
         # request has a deadline of its own (the client's, or default_request_timeout_ms)
         self.ends_by = float("inf")
-        self.kind = kind  # PREDICTION, EXPLANATION or DESCRIPTION (batcher.py)
+        self.kind = kind  # what it asks of the handler: PREDICTION, EXPLANATION, DESCRIPTION
         self.retried = False
         self.last_part: float | None = None  # when its last streamed part came
 

@@ -255,7 +255,7 @@ def answer_batch(handler, context, requests: list[protocol.Request], max_respons
                            for call, codec in context.calls]  # read by handlers.v2
     row_ids, row_headers = [], []
     for request, _, call in running:
-        headers = dict(request.headers, explain="True") if request.explain else request.headers
+        headers = request.handler_headers()
         row_ids.extend([request.rid.decode()] * len(call.rows))
         row_headers.extend([headers] * len(call.rows))
     ids = ",".join(request.rid.decode() for request, _, _ in running)

@@ -172,7 +172,7 @@ class HeldLeases:
     def _send_batch(self, held: Held, taken: Sequence[tuple[bytes, list[bytes]]]) -> bool:
         message = [protocol.BATCH]
         for rid, frames in taken:
-            message.append(protocol.packb([rid, False, self.fid]))
+            message.append(protocol.packb([rid, protocol.PREDICTION, self.fid]))
             message.extend(frames[2:])  # the meta header and payloads, as they are
         data = protocol.job_message(message)
         if data is None or held.sock is None:  # too big for one: the controller's way

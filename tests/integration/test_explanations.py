@@ -42,3 +42,26 @@ def test_explanations_and_predictions_queued_together_run_in_separate_batches(da
         wanted = "True" if answer["echo"]["value"].startswith("explanations") else None
         assert answer["explain"] == [wanted] * answer["batch_size"], answer
     assert max(a["batch_size"] for a in answers) > 1  # they did queue and batch
+
+
+def test_a_clients_own_explain_or_describe_header_marks_no_row_of_its_batch(daemon) -> None:
+    """Only the server marks a row (the route, or describe's question): a header a client sends
+    by those names never reaches the handler, so its batch-mates stay predictions."""
+    forged = {"explain": "true", "describe": "True"}
+
+    def call(i: int) -> dict:
+        answer = daemon.predict("echobatch", json={"value": i},
+                                headers=forged if i == 0 else None)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    since = daemon.log_end("model_echobatch.log")
+    with ThreadPoolExecutor(5) as pool:
+        busy = pool.submit(daemon.predict, "echobatch", json={"sleep": 1.5})
+        daemon.wait_for_log("model_echobatch.log", "echo sleeping", since)
+        answers = [c.result() for c in [pool.submit(call, i) for i in range(4)]]
+        assert busy.result().status_code == 200
+    assert sorted(a["echo"]["value"] for a in answers) == [0, 1, 2, 3]
+    for answer in answers:
+        assert answer["explain"] == [None] * answer["batch_size"], answer
+    assert max(a["batch_size"] for a in answers) > 1

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mservd.batcher import DESCRIPTION, EXPLANATION, PREDICTION, Batcher
+from mservd.batcher import Batcher
+from mservd.protocol import DESCRIPTION, EXPLANATION, PREDICTION
 
 
 @dataclass

@@ -161,7 +161,8 @@ def test_describe_customized_asks_a_worker_and_answers_with_what_the_handler_sai
         [identity, kind, *frames] = ctl.back.sent.pop()
         [question] = protocol.parse_batch(frames)
         assert kind == protocol.BATCH and question.payloads == []
-        assert question.headers == {"describe": "True"} and not question.explain
+        assert question.kind == protocol.DESCRIPTION and question.headers == {}
+        assert question.handler_headers() == {"describe": "True"}
         body = (b'{"labels": 10}' if said == protocol.head(200)
                 else error_body(507, "WorkerOOM", "out of memory"))
         ctl.on_worker([identity, *protocol.done([protocol.Result(question.rid, said, body)])],

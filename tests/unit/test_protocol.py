@@ -55,12 +55,13 @@ def test_protocol_route_carries_the_frontends_send_time_on_the_shared_clock() ->
         protocol.parse_route(protocol.packb([b"r", "m", None, None, None, False, "soon", 0]))
 
 
-def test_protocol_batch_carries_each_requests_codec_inputs_headers_and_explain() -> None:
+def test_protocol_batch_carries_each_requests_codec_inputs_headers_and_kind() -> None:
     requests = [
         protocol.Request(b"r1", protocol.CODEC_TORCHSERVE,
                          [("a", "text/plain"), ("b", "image/png")], {"h": "v"}, [b"A", b"B"]),
         protocol.Request(b"r2", protocol.CODEC_KSERVE_V1, [("body", "application/json")], {},
-                         [b"{}"], explain=True),
+                         [b"{}"], kind=protocol.EXPLANATION),
+        protocol.Request(b"r3", protocol.CODEC_TORCHSERVE, [], {}, [], kind=protocol.DESCRIPTION),
     ]
     frames = protocol.batch_of(requests)
     assert protocol.kind_of(frames) == protocol.BATCH
@@ -72,7 +73,7 @@ def test_protocol_controller_batch_forwards_the_predictions_meta_and_payloads() 
                                [("body", "text/plain")], {}, [b"hi"], explain=True)
     route = protocol.parse_route(sent[1])
     [request] = protocol.parse_batch(
-        protocol.batch([(route.rid, route.explain, b"frontend", sent[2:])])[1:])
+        protocol.batch([(route.rid, protocol.EXPLANATION, b"frontend", sent[2:])])[1:])
     assert (request.rid, request.explain, request.fid, request.payloads) == (
         b"r", True, b"frontend", [b"hi"])
 

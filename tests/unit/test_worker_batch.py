@@ -94,14 +94,30 @@ def test_worker_names_an_unexpected_decode_failure_by_its_type(monkeypatch) -> N
 
 
 class ExplainSeen:
-    """Answers whether the handler saw each row as an explanation, as TorchServe shows it."""
+    """Answers whether the handler saw each row as an explanation or a describe question, as
+    TorchServe shows them."""
 
     def handle(self, data, context):
-        return [context.get_request_header(i, "explain") or "no" for i in range(len(data))]
+        return [f'{context.get_request_header(i, "explain") or "no"}/'
+                f'{context.get_request_header(i, "describe") or "no"}' for i in range(len(data))]
 
 
 def test_worker_shows_an_explanation_to_the_handler_as_torchserve_does() -> None:
     frames = protocol.batch_of([
         protocol.Request(b"e", protocol.CODEC_TORCHSERVE, [("body", "text/plain")], {}, [b"x"],
-                         explain=True)])[1:]
-    assert answers(run_batch(ExplainSeen(), context(), frames, 1 << 20)) == {b"e": (200, "True")}
+                         kind=protocol.EXPLANATION)])[1:]
+    got = answers(run_batch(ExplainSeen(), context(), frames, 1 << 20))
+    assert got == {b"e": (200, "True/no")}
+
+
+def test_a_clients_own_explain_or_describe_header_never_reaches_the_handler() -> None:
+    # one request of a batch could otherwise turn its batch-mates' predictions into
+    # explanations, or fail them with a describe document (BaseHandler reads row 0's marks)
+    forged = {"Explain": "true", "describe": "True", "x-trace": "t"}
+    frames = protocol.batch_of([
+        protocol.Request(b"p", protocol.CODEC_TORCHSERVE, [("body", "text/plain")], forged,
+                         [b"x"]),
+        protocol.Request(b"q", protocol.CODEC_TORCHSERVE, [], {}, [], kind=protocol.DESCRIPTION),
+    ])[1:]
+    got = answers(run_batch(ExplainSeen(), context(), frames, 1 << 20))
+    assert got == {b"p": (200, "no/no"), b"q": (200, "no/True")}
