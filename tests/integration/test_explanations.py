@@ -4,6 +4,7 @@ batch with predictions."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import pytest
 import requests
@@ -21,6 +22,18 @@ def daemon(tmp_path_factory, store):
     daemon.stop()
 
 
+def behind_a_slow_request(daemon, calls: list) -> list[dict]:
+    """Each of ``calls``' answers, made while a slow request holds the only worker, so that
+    they queue and batch."""
+    since = daemon.log_end("model_echobatch.log")
+    with ThreadPoolExecutor(len(calls) + 1) as pool:
+        busy = pool.submit(daemon.predict, "echobatch", json={"sleep": 1.5})
+        daemon.wait_for_log("model_echobatch.log", "echo sleeping", since)
+        answers = [future.result() for future in [pool.submit(call) for call in calls]]
+        assert busy.result().status_code == 200
+    return answers
+
+
 def test_explanations_and_predictions_queued_together_run_in_separate_batches(daemon) -> None:
     def call(route: str, i: int) -> dict:
         answer = requests.post(daemon.url("inference", f"/{route}/echobatch"),
@@ -29,15 +42,8 @@ def test_explanations_and_predictions_queued_together_run_in_separate_batches(da
         assert answer.status_code == 200, answer.text
         return answer.json()
 
-    since = daemon.log_end("model_echobatch.log")
-    with ThreadPoolExecutor(9) as pool:
-        # a slow request holds the only worker while the others arrive and queue, mixed
-        busy = pool.submit(daemon.predict, "echobatch", json={"sleep": 1.5})
-        daemon.wait_for_log("model_echobatch.log", "echo sleeping", since)
-        calls = [pool.submit(call, route, i) for i in range(4)
-                 for route in ("predictions", "explanations")]
-        answers = [c.result() for c in calls]
-        assert busy.result().status_code == 200
+    answers = behind_a_slow_request(daemon, [partial(call, route, i) for i in range(4)
+                                             for route in ("predictions", "explanations")])
     for answer in answers:
         wanted = "True" if answer["echo"]["value"].startswith("explanations") else None
         assert answer["explain"] == [wanted] * answer["batch_size"], answer
@@ -55,12 +61,7 @@ def test_a_clients_own_explain_or_describe_header_marks_no_row_of_its_batch(daem
         assert answer.status_code == 200, answer.text
         return answer.json()
 
-    since = daemon.log_end("model_echobatch.log")
-    with ThreadPoolExecutor(5) as pool:
-        busy = pool.submit(daemon.predict, "echobatch", json={"sleep": 1.5})
-        daemon.wait_for_log("model_echobatch.log", "echo sleeping", since)
-        answers = [c.result() for c in [pool.submit(call, i) for i in range(4)]]
-        assert busy.result().status_code == 200
+    answers = behind_a_slow_request(daemon, [partial(call, i) for i in range(4)])
     assert sorted(a["echo"]["value"] for a in answers) == [0, 1, 2, 3]
     for answer in answers:
         assert answer["explain"] == [None] * answer["batch_size"], answer
