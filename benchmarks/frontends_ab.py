@@ -20,7 +20,7 @@ from typing import Any
 
 from benchmarks import loadgen, rounds
 from benchmarks.scenarios import workload_for
-from benchmarks.systems import REPO, Mservd
+from benchmarks.systems import Mservd
 from benchmarks.workloads import build_workloads
 
 FIGURES = (  # (key, label, better when higher)
@@ -66,9 +66,7 @@ def one_run(system: Checkout, work, seconds: float) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = rounds.arguments(__doc__.splitlines()[0], rounds=4)
-    parser.add_argument("--a", type=Path, required=True, help="checkout A (the baseline)")
-    parser.add_argument("--b", type=Path, default=REPO, help="checkout B (the change)")
+    parser = rounds.ab_arguments(__doc__.splitlines()[0], rounds=4)
     args = parser.parse_args(argv)
 
     loadgen.install_fast_loop()

@@ -33,6 +33,15 @@ def arguments(description: str, rounds: int = 5, seconds: float = 5.0) -> argpar
     return parser
 
 
+def ab_arguments(description: str, rounds: int = 5,
+                 seconds: float = 5.0) -> argparse.ArgumentParser:
+    """:func:`arguments`, with the two checkouts an A/B compares."""
+    parser = arguments(description, rounds, seconds)
+    parser.add_argument("--a", type=Path, required=True, help="checkout A (the baseline)")
+    parser.add_argument("--b", type=Path, default=REPO, help="checkout B (the change)")
+    return parser
+
+
 def load1() -> float:
     """The one-minute load average now, recorded before each run."""
     return os.getloadavg()[0]

@@ -14,12 +14,10 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from benchmarks import rounds
 from benchmarks.frontends_ab import Checkout
-from benchmarks.systems import REPO
 
 MODELS = ["tiny", "resnet18"]
 
@@ -39,9 +37,7 @@ def one_start(system: Checkout, idle: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = rounds.arguments(__doc__.splitlines()[0], rounds=6, seconds=2.0)
-    parser.add_argument("--a", type=Path, required=True, help="checkout A (the baseline)")
-    parser.add_argument("--b", type=Path, default=REPO, help="checkout B (the change)")
+    parser = rounds.ab_arguments(__doc__.splitlines()[0], rounds=6, seconds=2.0)
     args = parser.parse_args(argv)
 
     store = args.store.resolve()
