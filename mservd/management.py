@@ -133,15 +133,14 @@ def _int(args: dict[str, Any], key: str, default: int | None = None) -> int | No
 
 
 def _handler_metadata(reply: Reply) -> Any:
-    """What a handler's ``describe_handle()`` returned, from its answer: a JSON value as it
-    is (TorchServe's handlers return a dict), other text as a string, None for nothing."""
+    """What a handler's ``describe_handle()`` returned, from its answer: JSON as the value it
+    holds (a dict, or a string of JSON: TorchServe reads either into an object), other text
+    as it is, None for nothing."""
     text = reply.body_bytes().decode("utf-8", "replace")
-    if text and reply.content_type.startswith(protocol.JSON):
-        try:
-            return json.loads(text)
-        except ValueError:
-            pass
-    return text or None
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return text
 
 
 class Management:

@@ -257,10 +257,6 @@ class Request:
     kind: int = PREDICTION
     fid: bytes = b""
 
-    @property
-    def explain(self) -> bool:
-        return self.kind == EXPLANATION
-
     def handler_headers(self) -> dict[str, str]:
         """The headers its handler sees: the client's, without a mark only the server sets,
         and the mark of the job's kind."""

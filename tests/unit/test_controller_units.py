@@ -155,7 +155,10 @@ def test_describe_customized_asks_a_worker_and_answers_with_what_the_handler_sai
     ctl.front, ctl.back = SentFrames(), SentFrames()
     add_version(ctl, "m", [WorkerState.SERVING])
     answers: list[Reply] = []
-    for said in (protocol.head(200), protocol.head(507)):
+    said = [(protocol.head(200), b'{"labels": 10}'),  # a dict, as JSON
+            (protocol.head(200, "text/plain"), b'{"labels": 3}'),  # json.dumps of one
+            (protocol.head(507), error_body(507, "WorkerOOM", "out of memory"))]
+    for head, body in said:
         assert ctl.management.call("describe", {"model": "m", "customized": "true"}, None,
                                    answers.append) is None
         [identity, kind, *frames] = ctl.back.sent.pop()
@@ -163,12 +166,11 @@ def test_describe_customized_asks_a_worker_and_answers_with_what_the_handler_sai
         assert kind == protocol.BATCH and question.payloads == []
         assert question.kind == protocol.DESCRIPTION and question.headers == {}
         assert question.handler_headers() == {"describe": "True"}
-        body = (b'{"labels": 10}' if said == protocol.head(200)
-                else error_body(507, "WorkerOOM", "out of memory"))
-        ctl.on_worker([identity, *protocol.done([protocol.Result(question.rid, said, body)])],
+        ctl.on_worker([identity, *protocol.done([protocol.Result(question.rid, head, body)])],
                       time.monotonic())
         ctl.send_answers()
-    described, failed = answers
+    described, from_text, failed = answers
     assert described.status == 200 and described.body[0]["customizedMetadata"] == {"labels": 10}
+    assert from_text.body[0]["customizedMetadata"] == {"labels": 3}
     assert failed.status == 507 and json.loads(failed.body)["type"] == "WorkerOOM"
     assert ctl.front.sent == [] and ctl.questions == {}  # nothing went to a frontend

@@ -74,8 +74,8 @@ def test_protocol_controller_batch_forwards_the_predictions_meta_and_payloads() 
     route = protocol.parse_route(sent[1])
     [request] = protocol.parse_batch(
         protocol.batch([(route.rid, protocol.EXPLANATION, b"frontend", sent[2:])])[1:])
-    assert (request.rid, request.explain, request.fid, request.payloads) == (
-        b"r", True, b"frontend", [b"hi"])
+    assert (request.rid, request.kind, request.fid, request.payloads) == (
+        b"r", protocol.EXPLANATION, b"frontend", [b"hi"])
 
 
 @pytest.mark.parametrize("frames", [
