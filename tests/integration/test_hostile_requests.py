@@ -151,8 +151,24 @@ def test_headers_past_64_kib_are_431_before_they_end(strict) -> None:
             sock.sendall(b"X-H%d: %s\r\n" % (i, b"v" * 1000))
         # the head never ends: the 431 comes as the bytes pass 64 KiB
         status, data = read_head(sock)
-    assert status == 431
+    assert status == 431 and data.startswith(b"HTTP/1.1 431 Request Header Fields Too Large")
     assert b'"type": "RequestHeaderFieldsTooLarge"' in data
+
+
+@pytest.mark.parametrize("size", [60_000, 65_371, 100_000, 127_806])
+def test_a_body_read_with_its_head_is_not_counted_as_head(strict, size: int) -> None:
+    """A request of 64-128 KB sent at once reached the frontend in one read with its head,
+    and that read's body bytes were counted against the head's 64 KiB (a 431)."""
+    body = b'"' + b"a" * (size - 2) + b'"'
+    key = strict.key("inference").encode()
+    with connect(strict) as sock:
+        sock.sendall(b"POST /predictions/echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s"
+                     b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (key, len(body), body))
+        status, data = read_head(sock)
+    assert status == 200, data[:300]
+    answer = strict.predict("echo", data=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200 and len(answer.json()["echo"]) == size - 2
 
 
 def test_headers_trickled_past_the_deadline_get_408_and_the_connection_closes(strict) -> None:

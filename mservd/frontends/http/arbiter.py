@@ -28,6 +28,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from gunicorn import glogging
@@ -58,6 +59,7 @@ class FrontendProtocol(ASGIProtocol):
         self._counted = False
         self._deadline = None
         self._in_head, self._head_bytes = True, 0  # reading a request's head, and its size
+        self._heads = 0  # heads read on this connection
         self.on_lost: Callable[[], None] | None = None  # set by the app while it waits
         if worker.connections[self._inference] >= worker.max_connections:
             peer = transport.get_extra_info("peername") or ("-",)
@@ -114,10 +116,12 @@ class FrontendProtocol(ASGIProtocol):
         return scope
 
     def data_received(self, data: bytes) -> None:
-        """gunicorn bounds each header line as it arrives; this bounds them all together."""
-        in_head = self._in_head
+        """gunicorn bounds each header line as it arrives; this bounds them all together. A
+        read in which a head ended is not counted: its bytes past that head are the body, or
+        the start of the next request (bounded by the next read, then)."""
+        in_head, heads = self._in_head, self._heads
         super().data_received(data)
-        if in_head and self._in_head and not self._closed:  # only head bytes in it
+        if in_head and self._in_head and heads == self._heads and not self._closed:
             self._head_bytes += len(data)
             limit = self.worker.max_header_bytes
             if self._head_bytes > limit:
@@ -126,6 +130,7 @@ class FrontendProtocol(ASGIProtocol):
 
     def _on_headers_complete(self):  # gunicorn's parser callbacks
         self._in_head = False
+        self._heads += 1
         self._cancel_deadline()  # later heads are bounded by gunicorn's keepalive timer
         return super()._on_headers_complete()
 
@@ -174,7 +179,11 @@ class FrontendProtocol(ASGIProtocol):
         """gunicorn's refusal of a request it cannot parse, in mservd's JSON error shape."""
         text = (message or "Malformed HTTP request").rstrip(".") + "."
         body = error_body(status, ERROR_TYPES.get(status, "BadRequestException"), text)
-        head = [f"HTTP/1.1 {status} {self._get_reason_phrase(status)}",
+        try:
+            reason = HTTPStatus(status).phrase  # gunicorn's table lacks 431
+        except ValueError:
+            reason = self._get_reason_phrase(status)
+        head = [f"HTTP/1.1 {status} {reason}",
                 "Content-Type: application/json", f"Content-Length: {len(body)}",
                 *(f"{name}: {value}" for name, value in extra_headers), "Connection: close"]
         self._safe_write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
