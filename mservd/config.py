@@ -70,29 +70,38 @@ class ConfigError(Exception):
 Convert = Callable[[Any], Any]
 
 
+INT_LIMIT = 2**53  # no count, size or duration here means more; a clock plus it stays a float
+
+
 def to_int(value: Any) -> int:
-    """An integer setting or parameter: an int, or its decimal text."""
+    """An integer setting or parameter: an int, or its decimal digits (a sign allowed)."""
+    number = None
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    raise ValueError(f"{value!r} is not an integer")
+        number = value
+    elif isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
+        digits = value.strip()
+        number = int(digits) if len(digits) <= 20 else INT_LIMIT + 1
+    if number is None:
+        raise ValueError(f"{str(value)[:40]!r} is not an integer")
+    if abs(number) > INT_LIMIT:
+        raise ValueError(f"an integer of at most {INT_LIMIT} is needed; this one is larger")
+    return number
+
+
+_DIGITS = re.compile(r"[+-]?[0-9]+")
 
 
 def _to_float(value: Any) -> float:
     result: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        result = float(value)
+        result = float(value) if abs(value) <= INT_LIMIT else None
     elif isinstance(value, str):
         try:
             result = float(value.strip())
         except ValueError:
             pass
     if result is None or not math.isfinite(result):
-        raise ValueError(f"{value!r} is not a number")
+        raise ValueError(f"{str(value)[:40]!r} is not a number")
     return result
 
 

@@ -308,7 +308,14 @@ class Controller:
                     except MservdError as exc:
                         self.perform([self.scheduler.refuse(fid, route.rid, exc)])
                         continue
-                mv, refused = self.scheduler.enqueue(fid, route, parts, now)
+                try:
+                    mv, refused = self.scheduler.enqueue(fid, route, parts, now)
+                except Exception as exc:  # a bug costs this request its result, never its
+                    # answer, nor the answers of the requests that came in its message
+                    log.exception("request %s could not be queued", route.rid.decode(
+                        "ascii", "replace"))
+                    mv, refused = None, [self.scheduler.refuse(fid, route.rid, MservdError(
+                        f"The request could not be queued: {type(exc).__name__}: {exc}"))]
                 if mv is None:
                     self.perform(refused)
                 else:

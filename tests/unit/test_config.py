@@ -531,6 +531,26 @@ def test_resolve_model_settings_reports_every_bad_value_by_source() -> None:
     ]
 
 
+def test_a_number_too_large_to_mean_anything_is_refused_where_it_is_given() -> None:
+    # 10**400 seconds passed every check and overflowed a clock later: the model's requests,
+    # or its register call, got no answer at all
+    huge = "1" + "0" * 400
+    with pytest.raises(ConfigError) as info:
+        config.resolve_model_settings(
+            Settings(), "m", "1.0", model_yaml={"maxBatchDelay": 10**400},
+            api={"response_timeout": huge, "startup_timeout": "1_0", "min_worker": "2**9"})
+    too_large = f"an integer of at most {2**53} is needed; this one is larger"
+    assert info.value.problems == [
+        f"model-config.yaml maxBatchDelay: {too_large}",
+        f"API response_timeout: {too_large}",
+        "API startup_timeout: '1_0' is not an integer",
+        "API min_worker: '2**9' is not an integer",
+    ]
+    largest = config.resolve_model_settings(Settings(), "m", "1.0",
+                                            api={"response_timeout": str(2**53)})
+    assert largest.response_timeout == 2**53
+
+
 def test_resolve_model_settings_ignores_none_values() -> None:
     ms = config.resolve_model_settings(
         Settings(), "m", "1.0", model_yaml={"batchSize": None}, api={"batch_size": None}

@@ -174,3 +174,30 @@ def test_describe_customized_asks_a_worker_and_answers_with_what_the_handler_sai
     assert from_text.body[0]["customizedMetadata"] == {"labels": 3}
     assert failed.status == 507 and json.loads(failed.body)["type"] == "WorkerOOM"
     assert ctl.front.sent == [] and ctl.questions == {}  # nothing went to a frontend
+
+
+def test_a_request_that_breaks_the_scheduler_is_answered_500_and_its_message_mates_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ctl = controller(tmp_path)
+    ctl.front, ctl.back = SentFrames(), SentFrames()
+    add_version(ctl, "m", [WorkerState.SERVING], batch_size=2)
+    enqueue = ctl.scheduler.enqueue
+
+    def breaks_on_b(fid, route, parts, now):
+        if route.rid == b"b":
+            raise OverflowError("cannot convert float infinity to integer")
+        return enqueue(fid, route, parts, now)
+
+    monkeypatch.setattr(ctl.scheduler, "enqueue", breaks_on_b)
+    message = protocol.predictions(
+        protocol.prediction(rid, "m", None, None, protocol.CODEC_TORCHSERVE, [], {}, [])
+        for rid in (b"a", b"b", b"c"))
+    ctl.on_frontend([b"frontend-1", *message], time.monotonic())
+    [(_, _, *batch)] = ctl.back.sent
+    assert [r.rid for r in protocol.parse_batch(batch)] == [b"a", b"c"]
+    ctl.send_answers()
+    [(fid, _, *replies)] = ctl.front.sent
+    [refused] = protocol.parse_results(replies)
+    assert fid == b"frontend-1" and refused.rid == b"b"
+    assert protocol.Head.parse(refused.head).status == 500
+    assert b"OverflowError" in refused.body
