@@ -8,6 +8,7 @@ worker (and in ``mservd run-handler``), never in the controller, which forwards 
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Any
 
@@ -33,6 +34,19 @@ def _charset(content_type: str) -> str:
     return "utf-8"
 
 
+# Python codecs that are no charset: punycode decodes in time quadratic in its input (a 2 MB
+# body held a worker for two minutes), and idna is built on it
+NOT_CHARSETS = frozenset({"punycode", "idna"})
+
+
+def _text_codec(content_type: str) -> str:
+    """The codec of a text body's charset; LookupError for one Python lacks or is no charset."""
+    name = codecs.lookup(_charset(content_type)).name
+    if name in NOT_CHARSETS:
+        raise LookupError(f"{name} is not a charset")
+    return name
+
+
 def decode_input(content_type: str | None, body: bytes) -> Any:
     """The value a handler receives for one input of the given content type.
 
@@ -51,7 +65,7 @@ def decode_input(content_type: str | None, body: bytes) -> Any:
             return bytearray(body)
     if kind.startswith("text/"):
         try:
-            return bytes(body).decode(_charset(content_type or ""))
+            return bytes(body).decode(_text_codec(content_type or ""))
         except (ValueError, LookupError):  # UnicodeError (codec "undefined") is a ValueError
             return bytearray(body)
     return bytearray(body)
