@@ -25,6 +25,7 @@ except ImportError:  # real TorchServe
     RequestError = None
 
 WIDTH = 64
+FLOAT32_MAX = 3.4028234663852886e38  # a larger number would be inf in the batch tensor
 
 
 class TinyHandler(BaseHandler):
@@ -77,4 +78,10 @@ def _shape_problem(value: Any) -> str | None:
         # bool is an int subclass, but true/false in a feature vector is a client bug
         if isinstance(item, bool) or not isinstance(item, (int, float)):
             return f"a list containing {type(item).__name__} {item!r}"
+        # JSON's NaN, Infinity and 1e400 (inf) parse, and an int past float's range would
+        # raise in torch.tensor, failing every request of the batch (False for NaN too)
+        if not abs(item) <= FLOAT32_MAX:
+            text = repr(item)
+            return (f"a list containing {text[:20] + '...' if len(text) > 20 else text}, not a "
+                    "finite 32-bit float")
     return None

@@ -185,6 +185,19 @@ def test_tiny_wrong_shape_request_fails_alone(serve) -> None:
         assert got in error.message
 
 
+def test_tiny_numbers_no_float32_holds_fail_alone(serve) -> None:
+    good = [0.5] * 64
+    huge = [0.5] * 63 + [10**400]  # JSON parses it; torch.tensor raised for the whole batch
+    bodies = [huge, good, [float("nan")] * 64, json.loads("[" + ", ".join(["1e400"] * 64) + "]"),
+              [0.5] * 63 + [-(2**200)]]
+    outputs = serve("tiny").batch(bodies)
+    assert len(outputs[1]) == 10
+    for idx, got in ((0, "1000000000000000"), (2, "nan"), (3, "inf"), (4, "-16069")):
+        error = outputs[idx]
+        assert isinstance(error, handlers.RequestError) and error.status == 400
+        assert got in error.message and "not a finite 32-bit float" in error.message
+
+
 def test_tiny_accepts_a_raw_json_body(serve) -> None:
     (output,) = serve("tiny").batch([bytearray(json.dumps([0.1] * 64).encode())])
     assert len(output) == 10
