@@ -32,6 +32,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 256
+# Below it sampling is greedy: logits over 1e-40 overflow float32 to inf, and the sampler
+# raises on what softmax makes of them (any temperature this low picks the likeliest token)
+MIN_TEMPERATURE = 1e-4
 
 
 class CausalLM:
@@ -207,6 +210,12 @@ class CausalLM:
             raise CausalLM.Refused('"stop" must be a string or a list of up to 16 strings.')
         if max_tokens < 1:
             raise CausalLM.Refused("max_tokens must be at least 1.")
+        # a NaN, or a top_p of 0 or less, would make the sampler raise: in the decoding step
+        # every running sequence shares, which would fail them all
+        if not 0.0 <= temperature <= 2.0:
+            raise CausalLM.Refused(f"temperature must be from 0 to 2, got {temperature}.")
+        if not 0.0 < top_p <= 1.0:
+            raise CausalLM.Refused(f"top_p must be above 0 and at most 1, got {top_p}.")
         prompt = self.encode_prompt(request)[0]
         if len(prompt) + max_tokens > self.context_length:
             raise CausalLM.Refused(
@@ -299,7 +308,7 @@ class CausalLM:
 
     @staticmethod
     def pick(seq: CausalLM.Sequence, logits: torch.Tensor) -> int:
-        if seq.temperature <= 0.0:
+        if seq.temperature < MIN_TEMPERATURE:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits.float() / seq.temperature, dim=-1)
         if seq.top_p < 1.0:

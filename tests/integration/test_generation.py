@@ -129,6 +129,29 @@ def test_sampling_with_a_seed_repeats_itself(client) -> None:
     assert first == second
 
 
+def test_sampling_settings_that_would_break_the_shared_step_fail_alone(
+        daemon, client, alone) -> None:
+    """Every running sequence shares one decoding step: a temperature of 1e-40 (inf logits),
+    a NaN one, or a top_p below 0 made the sampler raise there and failed them all."""
+    def predict(settings: dict) -> requests.Response:
+        body = json.dumps({"prompt": "Hi", "max_tokens": 4, **settings})  # NaN as JSON allows
+        return requests.post(daemon.url("inference", "/predictions/smollm2"), data=body,
+                             headers=daemon._headers("inference", {"Content-Type":
+                                                                   "application/json"}),
+                             timeout=60)
+
+    with ThreadPoolExecutor(6) as pool:
+        good = [pool.submit(chat, client, p, max_tokens=24) for p in PROMPTS]
+        tiny = pool.submit(chat, client, PROMPTS[0], max_tokens=24, temperature=1e-40)
+        hostile = [pool.submit(predict, s) for s in ({"temperature": float("nan")},
+                                                      {"top_p": -1})]
+        for prompt, answer in zip(PROMPTS, good):
+            assert answer.result().choices[0].message.content == alone[prompt]
+        assert tiny.result().choices[0].message.content == alone[PROMPTS[0]]  # greedy
+        for refused, word in zip(hostile, ("temperature", "top_p")):
+            assert refused.result().status_code == 400 and word in refused.result().text
+
+
 def test_predictions_route_streams_the_same_tokens_in_http_chunks(daemon) -> None:
     body = {"messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 20}
     answer = requests.post(daemon.url("inference", "/predictions/smollm2"), json=body,
