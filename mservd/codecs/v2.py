@@ -14,7 +14,7 @@ from mservd import protocol
 from mservd.codecs.base import Call, WholeParts, too_large
 from mservd.v2 import handling
 from mservd.v2 import metadata as v2_metadata
-from mservd.v2.codec import V2Error
+from mservd.v2.codec import UnknownOutput, V2Error
 
 log = logging.getLogger("mservd.worker")
 
@@ -49,6 +49,8 @@ class V2Codec(WholeParts):
                 str(context.manifest.get("model", {}).get("modelVersion", "")))
         except Exception as exc:  # V2Error, or whatever the handler's value raises on the way
             message = str(exc) if isinstance(exc, V2Error) else f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, UnknownOutput):
+                return self.error(400, "BadRequestException", message)
             log.error("v2 answer for model %s cannot be encoded: %s", context.model_name,
                       message)
             return self.error(500, "InternalServerException", message)

@@ -36,6 +36,11 @@ class V2Error(ValueError):
     """A v2 body that cannot be decoded or a result that cannot be encoded: a 400 to the client."""
 
 
+class UnknownOutput(V2Error):
+    """An output the request asks for that the model's answer lacks: the request's fault (400),
+    found only once the model has answered."""
+
+
 @dataclass
 class Tensor:
     """One named tensor. ``data`` is a numpy array of ``shape``: float32 for BF16, object

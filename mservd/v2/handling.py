@@ -22,6 +22,7 @@ from mservd.v2.codec import (
     NUMPY_TYPES,
     InferRequest,
     Tensor,
+    UnknownOutput,
     V2Error,
     decode_request,
     encode_response,
@@ -164,7 +165,8 @@ def encode_answer(call: V2Call, item: Any, meta: ModelMetadata, model_name: str,
         for wanted in request.outputs:
             tensor = by_name.get(wanted.name)
             if tensor is None:
-                raise V2Error(f"Requested output {wanted.name!r} is not produced by the model; "
+                raise UnknownOutput(f"Requested output {wanted.name!r} is not produced by the "
+                                    "model; "
                               f"it produces {', '.join(sorted(by_name))}.")
             chosen.append(tensor)
             binary.append(request.binary_output if wanted.binary is None else wanted.binary)

@@ -181,6 +181,13 @@ def test_v2_errors_are_clear_and_leave_the_daemon_serving(daemon, client, auth) 
     short.set_data_from_numpy(np.zeros((1, 3), dtype=np.float32))
     with pytest.raises(InferenceServerException, match="64 numbers"):
         client.infer("tiny", [short], headers=dict(auth))
+    answer = requests.post(daemon.url("inference", "/v2/models/tiny/infer"), timeout=30,
+                           headers=dict(auth), json={
+                               "inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32",
+                                           "data": tiny_input(3)}],
+                               "outputs": [{"name": "nope"}]})  # the client's mistake: a 400
+    assert answer.status_code == 400, answer.text
+    assert "Requested output 'nope' is not produced" in answer.json()["error"]
 
     url = daemon.url("inference", "/v2/models/tiny/infer")
     header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32",
