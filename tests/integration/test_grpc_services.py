@@ -124,6 +124,23 @@ def test_grpc_v2_errors_map_to_status_codes(client, auth) -> None:
     assert client.infer("tiny", [x], headers=dict(auth)).as_numpy("output0").shape == (1, 10)
 
 
+def test_a_call_that_is_no_protobuf_is_refused_with_one_log_line_and_no_traceback(
+        daemon) -> None:
+    channel = grpc.insecure_channel(daemon.grpc_address("inference"))
+    live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive",
+                               request_serializer=lambda raw: raw,
+                               response_deserializer=lambda raw: raw)
+    mark = daemon.log_end("grpc.log")
+    for _ in range(3):  # no token needed: a stranger's calls
+        with pytest.raises(grpc.RpcError) as err:
+            live(b"\xff\x01", timeout=30)
+        assert err.value.code() == grpc.StatusCode.UNKNOWN
+    daemon.wait_for_log("grpc.log", "refused a call that is no protobuf message", since=mark)
+    written = daemon.read_log("grpc.log", mark)
+    assert "Traceback" not in written and " ERROR " not in written
+    channel.close()
+
+
 def test_torchserve_grpc_ping_predictions_and_management(daemon) -> None:
     from google.protobuf import empty_pb2
 

@@ -36,6 +36,20 @@ from mservd.specs import GrpcFrontendSpec
 log = logging.getLogger("mservd.frontends.grpc")
 
 
+class UndecodableCalls(logging.Filter):
+    """grpc logs a call whose message is no protobuf of its type as an ERROR with a traceback,
+    before any token is checked: a stranger could fill the log with them. One WARNING line each
+    (the client is answered UNKNOWN by grpc itself)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if type(exc).__name__ == "DecodeError":
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args = "refused a call that is no protobuf message: %s", (exc,)
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def _bind(server: grpc.aio.Server, host: str, port: int, what: str) -> int:
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
@@ -87,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = GrpcFrontendSpec.from_json(argv[0])
     log_to_stderr(spec.log_level, spec.log_format)
+    logging.getLogger("grpc._cython.cygrpc").addFilter(UndecodableCalls())
     try:
         from mservd.lifeline import die_with_parent
 
