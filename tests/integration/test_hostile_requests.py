@@ -171,6 +171,14 @@ def test_a_body_read_with_its_head_is_not_counted_as_head(strict, size: int) -> 
     assert answer.status_code == 200 and len(answer.json()["echo"]) == size - 2
 
 
+def test_a_management_call_without_a_token_is_refused_before_its_body_is_read(strict) -> None:
+    with connect(strict, "management") as sock:
+        sock.sendall(b"POST /models?url=echo.mar HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: 60000\r\n\r\n")  # the body never comes
+        status, data = read_head(sock)
+    assert status == 401, data[:300]  # not the 408 of a body waited for
+
+
 def test_headers_trickled_past_the_deadline_get_408_and_the_connection_closes(strict) -> None:
     import time
 

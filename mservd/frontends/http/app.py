@@ -32,13 +32,14 @@ from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import ClientGone, ControllerGone
 from mservd.frontends.http import dashboard, inference, management, metrics
 from mservd.frontends.http.access_log import AccessLog
-from mservd.frontends.http.request import JSON, Answer, HttpRequest, error_answer
+from mservd.frontends.http.request import JSON, Answer, HttpRequest, error_answer, relay
 from mservd.protocol import Reply
 from mservd.specs import HttpFrontendSpec
 
 log = logging.getLogger("mservd.frontends.http")
 
 ACCESS_FLUSH = 0.1  # seconds between writes of the access log's buffered lines
+AUTHORIZE_TIMEOUT = 10.0  # seconds for the controller's check of a token
 MANAGEMENT_THREADS = 32  # management calls in progress at once per process (each may wait)
 # Objects allocated, net of those freed, before the collector scans the youngest (Python's
 # default is 700). A request's objects (its task, scope, futures, closures) are freed by
@@ -168,7 +169,8 @@ class FrontendApp:
         flask_app = management.create_management_app(blocking, self.reply_timeout,
                                                       spec.auth)
         self.inference = inference.InferenceRoutes(spec, self.bridge, loop)
-        wsgi = WsgiRoutes(flask_app, self.threads, spec.ports["management"], spec.body_timeout)
+        wsgi = WsgiRoutes(flask_app, self.threads, spec.ports["management"], spec.body_timeout,
+                          self.bridge if spec.auth else None)
         board = dashboard.DashboardRoutes(self.bridge, spec.auth, spec.body_timeout)
 
         async def management_routes(request: HttpRequest, scope: dict[str, Any]) -> Answer:
@@ -208,20 +210,30 @@ class FrontendApp:
 
 class WsgiRoutes:
     """A WSGI app (the Flask management API) run on a thread pool, one request at a time per
-    thread, its body read here first (bounded by gunicorn's limits and max_request_size)."""
+    thread, its body read here first (bounded by gunicorn's limits and max_request_size). With
+    ``bridge`` (token authorization) a request that carries a body has its token checked by
+    the controller before a byte of that body is read, as a prediction has."""
 
     def __init__(self, app: Any, threads: concurrent.futures.Executor, port: int,
-                 body_timeout: float, max_body: int = 1 << 20) -> None:
+                 body_timeout: float, bridge: AsyncBridge | None = None,
+                 max_body: int = 1 << 20) -> None:
         self.app = app
         self.body_timeout = body_timeout
         self.threads = threads
         self.port = str(port)
+        self.bridge = bridge
         self.max_body = max_body
 
     async def answer(self, request: HttpRequest, scope: dict[str, Any]) -> Answer:
         import io
         import sys
 
+        if self.bridge is not None and (request.headers.get("content-length", "0") != "0"
+                                        or "transfer-encoding" in request.headers):
+            refused = await self.bridge.manage("authorize", {}, request.token(True),
+                                               AUTHORIZE_TIMEOUT)
+            if refused.status != 200:
+                return relay(refused)
         body = await request.body(self.max_body, self.body_timeout)
         raw_path = scope.get("raw_path") or request.path.encode("utf-8", "surrogateescape")
         environ = {
