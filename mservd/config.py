@@ -564,8 +564,8 @@ class Settings:
         default=60.0,
         metadata=_meta(
             "frontend_body_timeout",
-            "Seconds the rest of an HTTP request body may take once its first part came, else "
-            "408 and closed.",
+            "Seconds an HTTP request body may take from the end of its head, else 408 and "
+            "closed.",
             _above(0),
         ),
     )

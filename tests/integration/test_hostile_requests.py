@@ -325,6 +325,16 @@ def test_a_prediction_without_a_valid_token_is_refused_before_its_body_is_read(
     assert b"WWW-Authenticate: Bearer" in data or b"www-authenticate: Bearer" in data
 
 
+def test_a_body_announced_and_never_sent_gets_408_and_the_connection_closes(strict) -> None:
+    with connect(strict) as sock:  # a client with the key: it passes the token check
+        sock.sendall(b"POST /predictions/echo HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer " + strict.key("inference").encode() + b"\r\n"
+                     b"Content-Type: application/octet-stream\r\nContent-Length: 1000\r\n\r\n")
+        status, data = read_head(sock)  # the 2 s body deadline, long before our socket's 30 s
+        assert closed_by_server(sock, 5)
+    assert status == 408 and b'"type": "RequestTimeout"' in data
+
+
 def test_a_body_trickled_past_its_deadline_gets_408_and_the_connection_closes(strict) -> None:
     import time
 

@@ -71,8 +71,8 @@ class HttpRequest:
 
     async def body(self, limit: int, seconds: float) -> bytes:
         """The whole body, refused (413) past ``limit`` bytes before more of it is read, and
-        (408) if what follows its first part takes longer than ``seconds``: a body trickled a
-        byte at a time holds no connection for long."""
+        (408) if it takes longer than ``seconds`` from the end of the head: a body announced
+        and never sent, or trickled a byte at a time, holds no connection for long."""
         from mservd.errors import BadRequest, RequestTimeout, RequestTooLarge
 
         length = self.headers.get("content-length")
@@ -84,17 +84,14 @@ class HttpRequest:
                                       f"max_request_size ({limit}).")
         chunks: list[bytes] = []
         size = 0
-        deadline: float | None = None  # set once a part came and more is to follow
+        deadline = asyncio.get_running_loop().time() + seconds
         while True:
-            if deadline is None:
-                message = await self.receive()
-            else:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        message = await self.receive()
-                except TimeoutError:
-                    raise RequestTimeout(f"The request body did not arrive within {seconds:.0f} "
-                                         "s (frontend_body_timeout).") from None
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await self.receive()
+            except TimeoutError:
+                raise RequestTimeout(f"The request body did not arrive within {seconds:.0f} "
+                                     "s (frontend_body_timeout).") from None
             if message["type"] == "http.disconnect":
                 raise ClientGone()
             chunk = message.get("body", b"")
@@ -104,8 +101,6 @@ class HttpRequest:
             chunks.append(chunk)
             if not message.get("more_body"):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            if deadline is None:
-                deadline = asyncio.get_running_loop().time() + seconds
 
     def on_hang_up(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` if the client hangs up before its answer is sent (None: no more)."""
