@@ -60,6 +60,7 @@ class FrontendProtocol(ASGIProtocol):
         self._deadline = None
         self._in_head, self._head_bytes = True, 0  # reading a request's head, and its size
         self._heads = 0  # heads read on this connection
+        self._tail = b""  # the last bytes of the previous read: a blank line may straddle it
         self.on_lost: Callable[[], None] | None = None  # set by the app while it waits
         if worker.connections[self._inference] >= worker.max_connections:
             peer = transport.get_extra_info("peername") or ("-",)
@@ -116,17 +117,25 @@ class FrontendProtocol(ASGIProtocol):
         return scope
 
     def data_received(self, data: bytes) -> None:
-        """gunicorn bounds each header line as it arrives; this bounds them all together. A
-        read in which a head ended is not counted: its bytes past that head are the body, or
-        the start of the next request (bounded by the next read, then)."""
-        in_head, heads = self._in_head, self._heads
+        """gunicorn bounds each header line as it arrives; this bounds them all together. Of a
+        read in which a head ends only the bytes up to its blank line count: the rest are its
+        body, or the next request's (bounded from the next read on)."""
+        in_head, heads, counted = self._in_head, self._heads, self._head_bytes
+        tail, self._tail = self._tail, data[-3:]
         super().data_received(data)
-        if in_head and self._in_head and heads == self._heads and not self._closed:
-            self._head_bytes += len(data)
-            limit = self.worker.max_header_bytes
-            if self._head_bytes > limit:
-                self._send_error_response(431, f"The request headers exceed {limit} bytes")
-                self.close_now()
+        if not in_head or self._closed:
+            return
+        if heads == self._heads:  # the head goes on past this read
+            counted += len(data)
+        else:
+            end = (tail + data).find(b"\r\n\r\n")
+            counted += len(data) if end < 0 else max(0, end + 4 - len(tail))
+        if self._in_head and heads == self._heads:
+            self._head_bytes = counted
+        limit = self.worker.max_header_bytes
+        if counted > limit:
+            self._send_error_response(431, f"The request headers exceed {limit} bytes")
+            self.close_now()
 
     def _on_headers_complete(self):  # gunicorn's parser callbacks
         self._in_head = False
