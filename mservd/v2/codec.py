@@ -136,7 +136,8 @@ def _decode_input(item: Any, raw: memoryview, offset: int) -> tuple[Tensor, int]
     count = math.prod(shape)
     size = params.get("binary_data_size") if isinstance(params, dict) else None
     if size is not None:
-        if not isinstance(size, int) or size < 0 or offset + size > len(raw):
+        if (not isinstance(size, int) or isinstance(size, bool) or size < 0
+                or offset + size > len(raw)):
             raise V2Error(f"Input {name!r} announces binary_data_size {size!r} but only "
                           f"{len(raw) - offset} bytes of binary data remain.")
         data = from_bytes(bytes(raw[offset:offset + size]), datatype, shape, name)

@@ -84,6 +84,8 @@ def test_v2_response_binary_and_json_outputs_decode_back() -> None:
     ((b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], '
       b'"parameters": {"binary_data_size": 4}}]}\x00\x00'), None, "not valid JSON"),
     (b'{}', 10, "Inference-Header-Content-Length is 10"),
+    ((b'{"inputs": [{"name": "x", "datatype": "UINT8", "shape": [1], '
+      b'"parameters": {"binary_data_size": true}}]}\x07'), 104, "binary_data_size True"),
 ])
 def test_v2_codec_rejects_malformed_requests_clearly(body, length, message) -> None:
     with pytest.raises(V2Error, match=message.replace("[", r"\[").replace("]", r"\]")):
