@@ -124,21 +124,56 @@ def test_grpc_v2_errors_map_to_status_codes(client, auth) -> None:
     assert client.infer("tiny", [x], headers=dict(auth)).as_numpy("output0").shape == (1, 10)
 
 
-def test_a_call_that_is_no_protobuf_is_refused_with_one_log_line_and_no_traceback(
-        daemon) -> None:
+def test_grpc_v2_an_input_in_both_contents_and_raw_input_contents_is_invalid_argument(
+        daemon, auth) -> None:
+    from tritonclient.grpc import service_pb2 as pb  # tritonclient's own, as a user's
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
     channel = grpc.insecure_channel(daemon.grpc_address("inference"))
-    live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive",
-                               request_serializer=lambda raw: raw,
-                               response_deserializer=lambda raw: raw)
-    mark = daemon.log_end("grpc.log")
-    for _ in range(3):  # no token needed: a stranger's calls
-        with pytest.raises(grpc.RpcError) as err:
-            live(b"\xff\x01", timeout=30)
-        assert err.value.code() == grpc.StatusCode.UNKNOWN
-    daemon.wait_for_log("grpc.log", "refused a call that is no protobuf message", since=mark)
-    written = daemon.read_log("grpc.log", mark)
-    assert "Traceback" not in written and " ERROR " not in written
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    request = pb.ModelInferRequest(model_name="tiny")
+    item = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 64])
+    item.contents.fp32_contents.extend([0.5] * 64)
+    request.raw_input_contents.append(np.zeros(64, dtype=np.float32).tobytes())
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ModelInfer(request, metadata=list(auth.items()), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "has contents and raw_input_contents" in err.value.details()
+    item.ClearField("contents")
+    answer = stub.ModelInfer(request, metadata=list(auth.items()), timeout=30)
+    assert answer.outputs[0].shape == [1, 10]
     channel.close()
+
+
+def test_a_call_that_is_no_protobuf_is_invalid_argument_with_one_log_line_and_no_traceback(
+        daemon) -> None:
+    inference = grpc.insecure_channel(daemon.grpc_address("inference"))
+    management = grpc.insecure_channel(daemon.grpc_address("management"))
+    raw = {"request_serializer": lambda raw: raw, "response_deserializer": lambda raw: raw}
+    calls = [inference.unary_unary("/inference.GRPCInferenceService/ServerLive", **raw),
+             inference.unary_unary("/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
+                                   "Predictions", **raw),
+             management.unary_unary("/org.pytorch.serve.grpc.management.ManagementAPIsService/"
+                                    "ListModels", **raw)]
+    stream = inference.unary_stream("/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
+                                    "StreamPredictions", **raw)
+    mark = daemon.log_end("grpc.log")
+    for call in calls:  # no token needed: a stranger's calls
+        with pytest.raises(grpc.RpcError) as err:
+            call(b"\xff\x01", timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "no protobuf message" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        list(stream(b"\xff\x01", timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    daemon.wait_for_log("grpc.log", "StreamPredictions call that is no protobuf", since=mark)
+    written = daemon.read_log("grpc.log", mark)
+    assert written.count("that is no protobuf message") == 4
+    assert "Traceback" not in written and " ERROR " not in written
+    assert inference.unary_unary("/inference.GRPCInferenceService/ServerLive", **raw)(
+        b"", timeout=30) == b"\x08\x01"  # ServerLiveResponse(live=True): still served
+    inference.close()
+    management.close()
 
 
 def test_torchserve_grpc_ping_predictions_and_management(daemon) -> None:

@@ -29,25 +29,12 @@ from mservd.frontends.grpc.generated import (
     management_pb2_grpc,
 )
 from mservd.frontends.grpc.torchserve import InferenceAPIs, ManagementAPIs
+from mservd.frontends.grpc.undecodable import RefuseUndecodable
 from mservd.frontends.grpc.v2 import GRPCInferenceService
 from mservd.log_format import log_to_stderr
 from mservd.specs import GrpcFrontendSpec
 
 log = logging.getLogger("mservd.frontends.grpc")
-
-
-class UndecodableCalls(logging.Filter):
-    """grpc logs a call whose message is no protobuf of its type as an ERROR with a traceback,
-    before any token is checked: a stranger could fill the log with them. One WARNING line each
-    (the client is answered UNKNOWN by grpc itself)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if type(exc).__name__ == "DecodeError":
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-            record.msg, record.args = "refused a call that is no protobuf message: %s", (exc,)
-            record.exc_info = record.exc_text = None
-        return True
 
 
 def _bind(server: grpc.aio.Server, host: str, port: int, what: str) -> int:
@@ -67,12 +54,12 @@ async def serve(spec: GrpcFrontendSpec) -> None:
                ("grpc.max_send_message_length", spec.max_response_size)]
     bridge = AsyncBridge(spec.controller)
     timeout = spec.reply_timeout
-    inference = grpc.aio.server(options=options)
+    inference = grpc.aio.server(options=options, interceptors=[RefuseUndecodable()])
     inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(
         InferenceAPIs(bridge, timeout, spec.auth), inference)
     grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
         GRPCInferenceService(bridge, timeout, spec.auth), inference)
-    management = grpc.aio.server(options=options)
+    management = grpc.aio.server(options=options, interceptors=[RefuseUndecodable()])
     management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server(
         ManagementAPIs(bridge, spec.auth), management)
     ports = {
@@ -101,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = GrpcFrontendSpec.from_json(argv[0])
     log_to_stderr(spec.log_level, spec.log_format)
-    logging.getLogger("grpc._cython.cygrpc").addFilter(UndecodableCalls())
     try:
         from mservd.lifeline import die_with_parent
 

@@ -63,6 +63,9 @@ def to_rest_body(request: pb.ModelInferRequest) -> tuple[bytes, int]:
     inputs, blobs = [], []
     for i, item in enumerate(request.inputs):
         if raw:
+            if item.HasField("contents"):  # Triton refuses both forms at once too
+                raise V2Error(f"Input {item.name!r} has contents and raw_input_contents; "
+                              "send its data in one of them.")
             blob = raw[i]
         else:
             blob = _contents_bytes(item)

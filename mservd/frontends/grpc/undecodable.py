@@ -1,0 +1,89 @@
+"""Calls whose message is no protobuf of its type: refused INVALID_ARGUMENT, logged in one line.
+
+grpc decodes a call's message before any servicer runs; when that fails it answers UNKNOWN
+("Exception deserializing request!") and logs an ERROR with a traceback, before any token is
+checked, so a stranger could fill grpc.log. :class:`RefuseUndecodable` gives each method a
+decoder that returns a mark instead of raising, and refuses a marked call before its servicer
+runs: the client learns what was wrong with its call, and the log gets one WARNING line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+log = logging.getLogger("mservd.frontends.grpc")
+
+
+class Undecodable:
+    """What the tolerant decoder returns for a message it could not read."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _tolerant(decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def read(raw: bytes) -> Any:
+        try:
+            return decode(raw)
+        except DecodeError as exc:
+            return Undecodable(exc)
+    return read
+
+
+async def _refuse(method: str, mark: Undecodable, context: grpc.aio.ServicerContext) -> None:
+    log.warning("refused a %s call that is no protobuf message: %s", method, mark.error)
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"The request is no protobuf message of {method}'s type: {mark.error}")
+
+
+def _unary_unary(method: str, behavior: Callable) -> Callable:
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Undecodable):
+            await _refuse(method, request, context)
+        return await behavior(request, context)
+    return call
+
+
+def _unary_stream(method: str, behavior: Callable) -> Callable:
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Undecodable):
+            await _refuse(method, request, context)
+        async for answer in behavior(request, context):
+            yield answer
+    return call
+
+
+class RefuseUndecodable(grpc.aio.ServerInterceptor):
+    """Every method of the servers' unary-request services, wrapped once and kept (the
+    services have no method whose requests stream)."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler | None] = {}
+
+    async def intercept_service(self, continuation: Callable,
+                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = details.method
+        if method in self.handlers:
+            return self.handlers[method]
+        handler = await continuation(details)
+        if handler is not None and handler.request_deserializer is not None \
+                and not handler.request_streaming:
+            decode = _tolerant(handler.request_deserializer)
+            if handler.response_streaming:
+                handler = handler._replace(request_deserializer=decode,
+                                           unary_stream=_unary_stream(method,
+                                                                      handler.unary_stream))
+            else:
+                handler = handler._replace(request_deserializer=decode,
+                                           unary_unary=_unary_unary(method,
+                                                                    handler.unary_unary))
+        if handler is not None:  # an unknown method's name is the client's: not kept
+            self.handlers[method] = handler
+        return handler
