@@ -93,6 +93,13 @@ class RequestTimeout(MservdError):
     type = "RequestTimeout"
 
 
+class UnsupportedCoding(MservdError):
+    """The body comes in a transfer coding the server does not undo (RFC 9112: 501)."""
+
+    http_status = 501
+    type = "NotImplemented"
+
+
 class NoWorker(MservdError):
     """No live worker can take the request (all dead, loading, or the model failed)."""
 

@@ -245,6 +245,41 @@ def test_a_chunked_trailer_does_not_authorize_a_request(strict) -> None:
     assert status in (400, 401)  # refused as a trailer, or as a request without a token
 
 
+@pytest.mark.parametrize(("coding", "status"), [("gzip, chunked", 501), ("Chunked", 200)])
+def test_a_body_in_a_transfer_coding_under_chunked_is_501_not_handed_on(strict, coding,
+                                                                        status) -> None:
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    url = urlsplit(strict.url("inference", "/"))
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    # gunicorn undoes the chunking only: the handler would get the gzip stream as the body
+    connection.request("POST", "/predictions/echo", body=iter([b'{"a": 1}']),
+                       headers={"Transfer-Encoding": coding, "Content-Type": "application/json",
+                                "Authorization": f"Bearer {strict.key('inference')}"},
+                       encode_chunked=True)
+    answer = connection.getresponse()
+    doc = json.loads(answer.read())
+    connection.close()
+    assert answer.status == status
+    if status == 501:
+        assert doc["type"] == "NotImplemented" and "'gzip, chunked'" in doc["message"]
+
+
+def test_an_absolute_form_target_is_served_as_its_path(strict) -> None:
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(strict.url("inference", "/"))
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    # RFC 9112 section 3.2.2: a server must accept the absolute form (proxies send it)
+    connection.request("GET", f"http://{url.hostname}:{url.port}/ping")
+    answer = connection.getresponse()
+    assert answer.status == 200 and b"Healthy" in answer.read()
+    connection.close()
+
+
 def test_a_malformed_request_pipelined_behind_a_good_one_is_answered_after_it(strict) -> None:
     with connect(strict) as sock:
         sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\nNOT HTTP AT ALL\r\n\r\n")

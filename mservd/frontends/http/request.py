@@ -12,7 +12,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mservd.errors import BadRequest, MethodNotAllowed, MservdError, error_message
+from mservd.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    MservdError,
+    RequestTimeout,
+    RequestTooLarge,
+    UnsupportedCoding,
+    error_message,
+)
 from mservd.frontends.bridge import ClientGone, bearer_token
 from mservd.protocol import Reply
 
@@ -51,7 +59,8 @@ class HttpRequest:
     def __init__(self, scope: dict[str, Any], receive: Callable) -> None:
         self.started = time.perf_counter()
         self.method: str = scope["method"]
-        self.path: str = scope["path"]
+        path: str = scope["path"]
+        self.path = path if path[:1] == "/" else origin_path(path)
         self.query: str = scope["query_string"].decode("latin-1")
         headers: dict[str, str] = {}
         for name, value in scope["headers"]:
@@ -72,9 +81,13 @@ class HttpRequest:
     async def body(self, limit: int, seconds: float) -> bytes:
         """The whole body, refused (413) past ``limit`` bytes before more of it is read, and
         (408) if it takes longer than ``seconds`` from the end of the head: a body announced
-        and never sent, or trickled a byte at a time, holds no connection for long."""
-        from mservd.errors import BadRequest, RequestTimeout, RequestTooLarge
-
+        and never sent, or trickled a byte at a time, holds no connection for long; (501) in
+        a transfer coding other than chunked."""
+        coding = self.headers.get("transfer-encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            # gunicorn undoes the chunking and hands on what is under it (gzip, deflate...)
+            raise UnsupportedCoding(f"Transfer-Encoding {coding!r} is not supported; send "
+                                    "the body as it is, or chunked.")
         length = self.headers.get("content-length")
         if length is not None:
             if not length.isdigit():
@@ -115,6 +128,16 @@ class HttpRequest:
     def token(self, auth: bool) -> str | None:
         """The request's bearer token when the server checks tokens, else None."""
         return bearer_token(self.headers.get("authorization")) if auth else None
+
+
+def origin_path(target: str) -> str:
+    """The path of an absolute-form target (``http://host/path``), which RFC 9112 asks a
+    server to accept as it would ``/path``; any other target as it is."""
+    scheme, sep, rest = target.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return target
+    slash = rest.find("/")
+    return rest[slash:] if slash >= 0 else "/"
 
 
 TORCHSERVE, KSERVE, OPENAI = "torchserve", "kserve", "openai"  # the three error shapes
