@@ -1,10 +1,13 @@
 """What the frontends share about the controller: the ways a call ends without an answer,
-and the bearer token of a request (HTTP header or gRPC metadata alike).
+and what a request says of itself the same way over HTTP and gRPC (header or metadata): its
+bearer token and its own deadline.
 
 The line itself is ``async_bridge.py`` (one DEALER socket per frontend process).
 """
 
 from __future__ import annotations
+
+from mservd.errors import BadRequest
 
 
 class ControllerGone(Exception):
@@ -23,3 +26,18 @@ def bearer_token(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer":
         return None
     return token.strip() or None
+
+
+def request_timeout_ms(value: str | None) -> float | None:
+    """Milliseconds from an ``X-Request-Timeout-Ms`` value (None: not sent)."""
+    if value is None:
+        return None
+    try:
+        timeout = float(value)
+    except ValueError:
+        raise BadRequest(f"Invalid X-Request-Timeout-Ms {value!r}: give milliseconds, "
+                         "e.g. 250.") from None
+    if not timeout >= 0:  # NaN too: it would compare as no deadline at all
+        raise BadRequest(f"Invalid X-Request-Timeout-Ms {value!r}: it must be a number of "
+                         "milliseconds, not negative.")
+    return timeout

@@ -270,18 +270,20 @@ def http_workers(daemon: Daemon) -> list[psutil.Process]:
         return []
 
 
-def too_late_behind_a_busy_worker(daemon: Daemon) -> tuple[requests.Response, int]:
+def too_late_behind_a_busy_worker(daemon: Daemon, send_late: Callable[[], Any] | None = None
+                                  ) -> tuple[Any, int]:
     """Send echo a request with a 300 ms deadline while its one worker sleeps 3 s on another
     (time for the late one to reach the queue on a slow minute): that answer, and the model
-    log's length before both (the late one must never show in it)."""
+    log's length before both (the late one must never show in it). ``send_late`` sends the
+    late one some other way (its answer is returned); by default, over HTTP."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:
         mark = daemon.log_end("model_echo.log")
         busy = pool.submit(daemon.predict, "echo", json={"sleep": 3.0})
         daemon.wait_for_log("model_echo.log", "echo sleeping", since=mark)
-        late = daemon.predict("echo", json={"marker": "too-late"},
-                              headers={"X-Request-Timeout-Ms": "300"})
+        late = send_late() if send_late is not None else daemon.predict(
+            "echo", json={"marker": "too-late"}, headers={"X-Request-Timeout-Ms": "300"})
         assert busy.result().status_code == 200
     return late, mark
 

@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
+import pytest
 import requests
 from conftest import too_late_behind_a_busy_worker, wait_until
 
@@ -135,8 +136,9 @@ def test_a_full_queue_refuses_at_once_and_late_requests_get_504(daemon_factory) 
     assert daemon.predict("echo", json={"marker": "after-late"}).status_code == 200
     daemon.wait_for_log("model_echo.log", "after-late", since=mark)
     assert "too-late" not in daemon.read_log("model_echo.log", since=mark)
-    bad = daemon.predict("echo", json={}, headers={"X-Request-Timeout-Ms": "soon"})
-    assert bad.status_code == 400
+    for invalid in ("soon", "nan"):  # NaN would compare as no deadline at all
+        bad = daemon.predict("echo", json={}, headers={"X-Request-Timeout-Ms": invalid})
+        assert bad.status_code == 400, bad.text
 
     # a request whose client goes away while it is queued is dropped, never computed
     host, port = daemon.url("inference", "").removeprefix("http://").rsplit(":", 1)
@@ -161,6 +163,35 @@ def test_a_full_queue_refuses_at_once_and_late_requests_get_504(daemon_factory) 
     daemon.wait_for_log("model_echo.log", "the dropped one", since=mark)
     assert "abandoned" not in daemon.read_log("model_echo.log", since=mark)
 
+
+
+def test_a_grpc_calls_x_request_timeout_ms_metadata_is_its_deadline_as_over_http(
+        daemon_factory) -> None:
+    import grpc
+
+    from mservd.frontends.grpc.generated import inference_pb2, inference_pb2_grpc
+
+    daemon = daemon_factory({"load_models": "echo.mar"})
+    channel = grpc.insecure_channel(daemon.grpc_address("inference"))
+    stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+    auth = ("authorization", f"Bearer {daemon.key('inference')}")
+
+    def predict(timeout_ms: str) -> grpc.RpcError:
+        with pytest.raises(grpc.RpcError) as err:  # the call's own deadline: 30 s
+            stub.Predictions(inference_pb2.PredictionsRequest(
+                model_name="echo", input={"data": b'{"marker": "too-late"}'}),
+                metadata=[auth, ("x-request-timeout-ms", timeout_ms)], timeout=30)
+        return err.value
+
+    late, mark = too_late_behind_a_busy_worker(daemon, lambda: predict("300"))
+    assert late.code() == grpc.StatusCode.DEADLINE_EXCEEDED, late.details()
+    assert "it was not computed" in late.details()
+    for invalid in ("soon", "nan", "-5"):
+        refused = predict(invalid)
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "Invalid X-Request-Timeout-Ms" in refused.details()
+    assert "too-late" not in daemon.read_log("model_echo.log", since=mark)
+    channel.close()
 
 
 def test_a_refusal_for_one_clients_short_deadline_does_not_hold_the_others(

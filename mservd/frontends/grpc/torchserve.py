@@ -12,9 +12,9 @@ from typing import Any
 import grpc
 
 from mservd import protocol
-from mservd.errors import error_message
+from mservd.errors import BadRequest, error_message
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.bridge import ControllerGone, bearer_token
+from mservd.frontends.bridge import ControllerGone, bearer_token, request_timeout_ms
 from mservd.frontends.grpc.errors import status_code
 from mservd.frontends.grpc.generated import (
     inference_pb2,
@@ -50,11 +50,20 @@ def forwarded_metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return out
 
 
-def deadline_ms(context: grpc.aio.ServicerContext) -> float | None:
-    """The client's gRPC deadline as milliseconds left (None: it set none), the
-    ``X-Request-Timeout-Ms`` of HTTP."""
+async def deadline_ms(context: grpc.aio.ServicerContext) -> float | None:
+    """Milliseconds the client gives its call (None: no limit): its gRPC deadline, or an
+    ``x-request-timeout-ms`` metadata entry as over HTTP, whichever is less; an invalid entry
+    aborts the call (INVALID_ARGUMENT)."""
     left = context.time_remaining()
-    return None if left is None else max(0.0, left * 1000.0)
+    limit = None if left is None else max(0.0, left * 1000.0)
+    for key, value in context.invocation_metadata() or ():
+        if key.lower() == "x-request-timeout-ms":
+            try:
+                own = request_timeout_ms(str(value))
+            except BadRequest as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+            limit = own if limit is None else min(limit, own)
+    return limit
 
 
 async def check(reply: Reply, context: grpc.aio.ServicerContext) -> Reply:
@@ -112,7 +121,7 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
             rid, request.model_name, request.model_version or None,
             metadata_token(context, self.auth), protocol.CODEC_TORCHSERVE,
             [(n, "application/octet-stream") for n in names], forwarded_metadata(context),
-            [request.input[n] for n in names], timeout_ms=deadline_ms(context))
+            [request.input[n] for n in names], timeout_ms=await deadline_ms(context))
         return await ask(context, self.bridge.call(rid, frames, self.reply_timeout, stream))
 
 

@@ -152,7 +152,7 @@ class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
             rid, request.model_name, request.model_version or None,
             metadata_token(context, self.auth), protocol.CODEC_V2,
             [("v2", content_type(header_length))], forwarded_metadata(context), [body],
-            timeout_ms=deadline_ms(context))
+            timeout_ms=await deadline_ms(context))
         reply = await ask(context, self.bridge.call(rid, frames, self.reply_timeout))
         length = reply.headers.get(HEADER_LENGTH)
         try:

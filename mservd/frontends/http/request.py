@@ -21,7 +21,7 @@ from mservd.errors import (
     UnsupportedCoding,
     error_message,
 )
-from mservd.frontends.bridge import ClientGone, bearer_token
+from mservd.frontends.bridge import ClientGone, bearer_token, request_timeout_ms
 from mservd.protocol import Reply
 
 JSON = "application/json"
@@ -248,17 +248,3 @@ def need_method(request: HttpRequest, wanted: str) -> None:
 def forwarded_headers(headers: dict[str, str]) -> dict[str, str]:
     """The request headers a handler sees (lower-case names), without credentials."""
     return {name: value for name, value in headers.items() if name not in HEADERS_NOT_FORWARDED}
-
-
-def request_timeout_ms(value: str | None) -> float | None:
-    """Milliseconds from an ``X-Request-Timeout-Ms`` value (None: not sent)."""
-    if value is None:
-        return None
-    try:
-        timeout = float(value)
-    except ValueError:
-        raise BadRequest(f"Invalid X-Request-Timeout-Ms {value!r}: give milliseconds, "
-                         "e.g. 250.") from None
-    if timeout < 0:
-        raise BadRequest(f"Invalid X-Request-Timeout-Ms {value!r}: it must not be negative.")
-    return timeout
