@@ -280,6 +280,21 @@ def test_an_absolute_form_target_is_served_as_its_path(strict) -> None:
     connection.close()
 
 
+def test_a_websocket_upgrade_is_answered_as_the_plain_request_it_also_is(strict) -> None:
+    upgrade = (b"Host: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n")
+    for target, status, says in ((b"/ping", 200, b"Healthy"),
+                                 (b"/chat", 404, b"ResourceNotFoundException")):
+        with connect(strict) as sock:
+            sock.sendall(b"GET %s HTTP/1.1\r\n%s\r\n" % (target, upgrade))
+            answer, data = read_head(sock)
+            while says not in data:  # before: 403 and no body, for every target
+                chunk = sock.recv(65536)
+                assert chunk, data
+                data += chunk
+        assert answer == status, data
+
+
 def test_a_malformed_request_pipelined_behind_a_good_one_is_answered_after_it(strict) -> None:
     with connect(strict) as sock:
         sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\nNOT HTTP AT ALL\r\n\r\n")

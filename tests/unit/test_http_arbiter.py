@@ -17,7 +17,7 @@ def test_gunicorn_connection_has_the_methods_frontend_protocol_extends() -> None
     for name in ("connection_made", "connection_lost", "data_received", "pause_writing",
                  "resume_writing", "_on_headers_complete", "_on_message_complete",
                  "_send_error_response", "_get_reason_phrase", "_safe_write",
-                 "_close_transport", "_check_h1c_protocol_available"):
+                 "_close_transport", "_check_h1c_protocol_available", "_is_websocket_upgrade"):
         assert callable(getattr(ASGIProtocol, name)), name
         if name in vars(FrontendProtocol):
             ours = inspect.signature(getattr(FrontendProtocol, name)).parameters

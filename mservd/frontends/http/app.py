@@ -92,7 +92,7 @@ class FrontendApp:
             await self.http(scope, receive, send)
         elif kind == "lifespan":
             await self.lifespan(receive, send)
-        # websockets are not served: gunicorn closes the connection when the app returns
+        # no websocket scope comes: FrontendProtocol serves an upgrade request as plain HTTP
 
     # -- one request ---------------------------------------------------------------------
 

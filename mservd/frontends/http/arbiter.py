@@ -15,8 +15,9 @@ trailers, answers pipelined requests in order, and replaces a worker whose loop 
 ``frontend_timeout``. :class:`FrontendProtocol` adds what its ASGI worker lacks: a bound on a
 request's whole head as it arrives (431 past ``limit_request_header_bytes``), a deadline for a
 connection's first request head, a deadline for a client that stops reading, a cap on
-connections per worker counted per port, idle connections closed at once on a stop, and its
-refusals in mservd's JSON error shape. It reaches into gunicorn's connection class, so the
+connections per worker counted per port, idle connections closed at once on a stop, a
+WebSocket upgrade request served as plain HTTP (mservd serves no WebSockets), and its refusals
+in mservd's JSON error shape. It reaches into gunicorn's connection class, so the
 version is pinned below 28 (``tests/unit/test_http_arbiter.py`` checks what it relies on).
 """
 
@@ -108,6 +109,12 @@ class FrontendProtocol(ASGIProtocol):
             app.access.write(peername[0] if peername else "-", request.method, target,
                              f"{request.version[0]}.{request.version[1]}", 503, started, "-")
         return keep_alive  # gunicorn closes it all the same if the body was not all read
+
+    def _is_websocket_upgrade(self, request) -> bool:
+        """mservd serves no WebSockets: an upgrade request is served as the plain HTTP
+        request it also is (RFC 9110 lets a server ignore ``Upgrade``), so its client gets an
+        answer in mservd's JSON shape, not gunicorn's bodiless 403 for an app that declines."""
+        return False
 
     def _build_http_scope(self, request, sockname, peername):
         """gunicorn's scope, and this connection in it: the app hears of a hang-up through
