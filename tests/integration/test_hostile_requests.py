@@ -241,8 +241,12 @@ def test_a_chunked_trailer_does_not_authorize_a_request(strict) -> None:
                      b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
                      + b"%x\r\n%s\r\n0\r\nAuthorization: Bearer %s\r\n\r\n"
                      % (len(body), body, key.encode()))
-        status, _ = read_head(sock)
+        status, data = read_head(sock)
+        while status == 400 and not data.endswith(b"}") and (chunk := sock.recv(65536)):
+            data += chunk
     assert status in (400, 401)  # refused as a trailer, or as a request without a token
+    if status == 400:  # the parser's message, whole: "%.*s" unformatted before
+        assert data.endswith(b'"message": "Header field not allowed in trailer."}'), data
 
 
 @pytest.mark.parametrize(("coding", "status"), [("gzip, chunked", 501), ("Chunked", 200)])

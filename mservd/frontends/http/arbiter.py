@@ -193,7 +193,8 @@ class FrontendProtocol(ASGIProtocol):
 
     def _send_error_response(self, status: int, message: str, extra_headers=()) -> None:
         """gunicorn's refusal of a request it cannot parse, in mservd's JSON error shape."""
-        text = (message or "Malformed HTTP request").rstrip(".") + "."
+        # gunicorn-h1c writes some messages with "%.*s", which Python 3.11 leaves unformatted
+        text = (message or "Malformed HTTP request").replace(": %.*s", "").rstrip(".") + "."
         body = error_body(status, ERROR_TYPES.get(status, "BadRequestException"), text)
         try:
             reason = HTTPStatus(status).phrase  # gunicorn's table lacks 431
