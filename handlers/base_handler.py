@@ -22,6 +22,7 @@ from torch.nn import init
 from handlers.context import Context
 from handlers.errors import PredictionException
 from handlers.labels import MAPPING_FILE, load_label_mapping
+from handlers.timer import timed
 from handlers.user_code import classes_defined_in, import_from_model_dir, module_name_for
 
 logger = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class BaseHandler:
         # assign: the parameters become the memory-mapped tensors themselves, so the workers
         # of a model share one copy of the weights (the page cache's). Strict: a parameter the
         # file lacks fails the load, never serves uninitialised.
-        model.load_state_dict(state, assign=True)
+        model.load_state_dict(_in_dtypes_of(model, state), assign=True)
         return model
 
     def _load_state_dict(self, path: str) -> dict[str, Any]:
@@ -147,15 +148,18 @@ class BaseHandler:
 
     # --- one batch -------------------------------------------------------------------------
 
+    @timed
     def preprocess(self, data: list[Any]) -> Any:
         """The batch as a tensor on the device; override for anything but numeric lists."""
         return torch.as_tensor(data, device=self.device)
 
+    @timed
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         """Run the model on the preprocessed batch."""
         with torch.inference_mode():
             return self.model(self._to_device(data), *args, **kwargs)
 
+    @timed
     def postprocess(self, data: Any) -> list[Any]:
         """One output item per request; the default turns a batch tensor into lists."""
         return data.tolist()
@@ -235,6 +239,20 @@ class BaseHandler:
             metrics.add_time(
                 "HandlerTime", round((time.perf_counter() - start) * 1000, 2), None, "ms"
             )
+
+
+def _in_dtypes_of(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each floating tensor in its parameter's dtype: an assigned tensor keeps
+    its own, and TorchServe's copying load gives a half-precision file's weights the model's
+    float32 (as its inputs have). Tensors already right stay the file's mapped pages."""
+    own = model.state_dict()
+    converted = dict(state)
+    for key, tensor in state.items():
+        mine = own.get(key)
+        if (mine is not None and isinstance(tensor, torch.Tensor) and tensor.dtype != mine.dtype
+                and tensor.is_floating_point() and mine.is_floating_point()):
+            converted[key] = tensor.to(mine.dtype)
+    return converted
 
 
 _INITIALISERS = ("constant_", "dirac_", "eye_", "kaiming_normal_", "kaiming_uniform_", "normal_",

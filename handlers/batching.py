@@ -54,8 +54,9 @@ class BatchedHandler(BaseHandler):
         return None
 
     def preprocess(self, data: list[Any]) -> Any:
-        """TorchServe's whole-batch preprocess: decode every request, fail on the first bad one."""
-        return self.collate([self.decode_request(row) for row in data])
+        """TorchServe's whole-batch preprocess: decode every request, fail on the first bad one;
+        the batch on the handler's device, as TorchServe's vision and text handlers give it."""
+        return self._to_device(self.collate([self.decode_request(row) for row in data]))
 
     def handle(self, data: list[Any], context: Context) -> list[Any]:
         self.context = context

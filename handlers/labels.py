@@ -49,7 +49,7 @@ def load_label_mapping(path: str) -> dict[str, str] | None:
     return result
 
 
-def label_for(index: int, mapping: dict[str, str] | None) -> str:
+def label_for(index: int | str, mapping: dict[str, str] | None) -> str:
     """The label of class ``index``; its index as a string when the mapping lacks it."""
     if mapping is None:
         return str(index)
@@ -57,14 +57,16 @@ def label_for(index: int, mapping: dict[str, str] | None) -> str:
 
 
 def map_class_to_label(
-    probs: Sequence[Sequence[float]],
+    probs: Sequence[Sequence[Any]],
     mapping: dict[str, str] | None = None,
-    classes: Sequence[Sequence[int]] | None = None,
-) -> list[dict[str, float]]:
-    """One ``{label: probability}`` dict per row; ``classes`` gives each row's class indices
-    (all classes in order when omitted), as TorchServe's function of this name."""
+    lbl_classes: Sequence[Sequence[Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """One ``{label: value}`` dict per row; ``lbl_classes`` gives each row's class indices (all
+    classes in order when omitted), as TorchServe's function of this name. Values are kept as
+    given: TorchServe's object detector maps boxes, not probabilities."""
     rows = []
     for r, row in enumerate(probs):
-        indices = classes[r] if classes is not None else range(len(row))
-        rows.append({label_for(int(c), mapping): float(p) for c, p in zip(indices, row)})
+        indices = lbl_classes[r] if lbl_classes is not None else range(len(row))
+        rows.append({label_for(c if isinstance(c, str) else int(c), mapping): p
+                     for c, p in zip(indices, row)})
     return rows

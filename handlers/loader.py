@@ -33,6 +33,7 @@ from handlers.user_code import (
 logger = logging.getLogger(__name__)
 
 BUILTIN_HANDLERS = {
+    "base_handler": "handlers.base_handler:BaseHandler",  # TorchServe's, for a plain model
     "causal_lm": "handlers.causal_lm:CausalLM",
     "image_classifier": "handlers.image_classifier:ImageClassifier",
     "image_segmenter": "handlers.image_segmenter:ImageSegmenter",

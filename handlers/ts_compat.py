@@ -34,6 +34,7 @@ TS_ALIASES = {
     **{f"ts.torch_handler.{name}": target.partition(":")[0]
        for name, target in BUILTIN_HANDLERS.items()},
     "ts.handler_utils.utils": "handlers.streaming",
+    "ts.handler_utils.timer": "handlers.timer",
     "ts.protocol.otf_message_handler": "handlers.streaming",
     "ts.metrics.metric_type_enum": "handlers.metrics",
     "ts.metrics.dimension": "handlers.metrics",

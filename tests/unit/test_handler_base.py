@@ -143,6 +143,24 @@ def test_base_handler_loads_an_eager_model_with_its_linear_layers_weights(
     assert not layer.weight.any()
 
 
+def test_base_handler_loads_a_half_precision_state_dict_into_the_models_float32(
+        eager_dir: Path) -> None:
+    """As TorchServe's copying load does: the weights take the model's dtype, so float32
+    inputs still run (an assigned float16 tensor would keep its own dtype and fail them)."""
+    torch.save({"scale": torch.tensor(3.0, dtype=torch.float16)}, eager_dir / "half.pt")
+    handler = RowsHandler()
+    ctx = context(eager_dir, {"serializedFile": "half.pt", "modelFile": "doubler.py"})
+    handler.initialize(ctx)
+    assert handler.model.scale.dtype == torch.float32
+    assert handler.handle([{"body": [2.0]}], ctx) == [[6.0]]
+
+
+def test_batched_handler_preprocess_gives_the_batch_on_the_handlers_device() -> None:
+    handler = NumberHandler()
+    handler.device = torch.device("meta")  # any device but the CPU the tensors are made on
+    assert handler.preprocess([{"body": 1}, {"body": 2}]).device.type == "meta"
+
+
 def test_base_handler_refuses_a_state_dict_that_lacks_a_parameter(tmp_path: Path) -> None:
     """A parameter built without its initial values never serves: the load is strict."""
     (tmp_path / "projected.py").write_text(LINEAR_WITH_PROJECTION_PY)

@@ -16,6 +16,7 @@ def test_ts_compat_torchserve_handler_imports_resolve_to_ours(tmp_path: Path) ->
             from ts.torch_handler.base_handler import BaseHandler
             from ts.torch_handler.image_classifier import ImageClassifier
             from ts.utils.util import PredictionException, map_class_to_label
+            from ts.handler_utils.timer import timed
             import ts.torch_handler.base_handler
 
 
@@ -39,6 +40,8 @@ def test_ts_compat_torchserve_handler_imports_resolve_to_ours(tmp_path: Path) ->
         assert ts_handler.BaseHandler is handlers.base_handler.BaseHandler
         assert ts_handler.PredictionException is handlers.errors.PredictionException
         assert ts_handler.ts.torch_handler.base_handler is handlers.base_handler
+        import handlers.timer
+        assert ts_handler.timed is handlers.timer.timed
         print("ok")
         """
     )
@@ -63,3 +66,44 @@ def test_ts_metrics_dimension_resolves_and_records() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "Model 2.0"
+
+
+class Timed:
+    """A TorchServe-style handler whose methods carry ``@timed``."""
+
+    def __init__(self, profile: object) -> None:
+        from handlers.context import Context
+
+        config = {"handler": {"profile": profile}} if profile is not None else {}
+        self.context = Context("m", ".", {}, 1, None, "0", model_yaml_config=config)
+
+    from handlers.timer import timed
+
+    @timed
+    def preprocess(self, data: list) -> list:
+        """Doubles."""
+        return [2 * x for x in data]
+
+
+def test_timed_records_a_method_time_only_when_the_model_config_asks_for_profiling() -> None:
+    profiled = Timed(True)
+    assert profiled.preprocess([1, 2]) == [2, 4]
+    [sample] = profiled.context.metrics.drain()
+    assert (sample.name, sample.unit, sample.dimensions["ModelName"]) == (
+        "ts_handler_preprocess", "ms", "m")
+    assert sample.value >= 0
+    for profile in (False, None):
+        plain = Timed(profile)
+        assert plain.preprocess([3]) == [6]
+        assert plain.context.metrics.drain() == []
+    assert Timed.preprocess.__doc__ == "Doubles."
+
+
+def test_map_class_to_label_keeps_values_as_given_as_torchserve_does() -> None:
+    from handlers.labels import map_class_to_label
+
+    # TorchServe's object detector maps each box to its class's label
+    boxes = map_class_to_label([[[1.0, 2.0, 3.0, 4.0]]], {"7": "cat"}, lbl_classes=[[7]])
+    assert boxes == [{"cat": [1.0, 2.0, 3.0, 4.0]}]
+    assert map_class_to_label([[0.25, 0.75]]) == [{"0": 0.25, "1": 0.75}]
+    assert map_class_to_label([[0.5]], {"2": "dog"}, [[2.0]]) == [{"dog": 0.5}]
