@@ -71,6 +71,15 @@ def _dimensions(dimensions: DimensionsArg) -> dict[str, str]:
     return result
 
 
+# The model metrics TorchServe's default metrics.yaml declares (without a metrics_config):
+# each handler's get_metric finds them.
+TORCHSERVE_MODEL_METRICS = (
+    {"name": "HandlerTime", "unit": "ms", "dimensions": ["ModelName", "Level"], "type": "gauge"},
+    {"name": "PredictionTime", "unit": "ms", "dimensions": ["ModelName", "Level"],
+     "type": "gauge"},
+)
+
+
 class Metric:
     """A declared metric, as returned by ``add_metric_to_cache`` and ``get_metric``.
 
@@ -97,10 +106,13 @@ class Metric:
         """Record ``value`` with the declared dimensions set to ``dimension_values``."""
         values = list(dimension_values or [])
         if len(values) != len(self.dimension_names):
-            raise ValueError(
-                f"Metric {self.name!r} has dimensions {self.dimension_names!r} but got values "
-                f"{values!r}; pass one value per dimension name."
-            )
+            # TorchServe logs a wrong update and goes on: a metric never fails a request
+            logger.error("Metric %r has dimensions %r but got values %r; pass one value per "
+                         "dimension name. Not recorded.", self.name, self.dimension_names, values)
+            return
+        if self.metric_type == MetricTypes.COUNTER and value < 0:
+            logger.error("Counter %r cannot go down by %r. Not recorded.", self.name, value)
+            return
         self.recorder.record(
             self.name, value, self.unit, self.metric_type, dict(zip(self.dimension_names, values))
         )
@@ -117,12 +129,15 @@ class MetricsRecorder:
         as TorchServe does for handler metrics.
     """
 
-    def __init__(self, model_name: str | None = None) -> None:
+    def __init__(self, model_name: str | None = None,
+                 declarations: Iterable[Mapping[str, Any]] | None = None) -> None:
         self._defaults = {"ModelName": model_name, "Level": "Model"} if model_name else {}
         self._samples: list[MetricSample] = []
         self._declared: dict[tuple[str, MetricTypes], Metric] = {}
         # A handler may record from its own threads (streaming, async preprocessing).
         self._lock = threading.Lock()
+        for d in TORCHSERVE_MODEL_METRICS if declarations is None else declarations:
+            self.add_metric_to_cache(d["name"], d["unit"], list(d["dimensions"]), d["type"])
 
     def record(
         self,
@@ -142,6 +157,9 @@ class MetricsRecorder:
         )
         with self._lock:
             self._samples.append(sample)
+            if (name, sample.kind) not in self._declared:  # get_metric finds it from now on
+                self._declared[(name, sample.kind)] = Metric(
+                    self, name, unit, list(sample.dimensions), sample.kind)
         return sample
 
     def drain(self) -> list[MetricSample]:
@@ -229,7 +247,9 @@ class MetricsRecorder:
     def get_metric(
         self, metric_name: str, metric_type: MetricTypes | str = MetricTypes.COUNTER
     ) -> Metric:
-        """A metric declared with :meth:`add_metric_to_cache`."""
+        """A metric declared by ``metrics_config``'s ``model_metrics`` (without one,
+        TorchServe's own: ``HandlerTime`` and ``PredictionTime``), by
+        :meth:`add_metric_to_cache`, or by a value recorded under its name."""
         kind = MetricTypes(metric_type)
         try:
             return self._declared[(metric_name, kind)]
@@ -237,5 +257,6 @@ class MetricsRecorder:
             declared = sorted(f"{n} ({k.value})" for n, k in self._declared)
             raise KeyError(
                 f"Metric {metric_name!r} of type {kind.value!r} was not declared. Declared: "
-                f"{declared or 'none'}. Declare it first with add_metric_to_cache."
+                f"{declared or 'none'}. Declare it with add_metric_to_cache, or under "
+                "model_metrics in the metrics_config file."
             ) from None

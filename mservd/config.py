@@ -272,6 +272,12 @@ def _load_models(value: tuple[str, ...]) -> tuple[str, ...]:
     return value
 
 
+def _metrics_yaml(value: str) -> str:
+    if value:
+        read_model_metrics(value)  # a bad file stops the start, not the first get_metric
+    return value
+
+
 class _Problems(ValueError):
     """Several problems in one value (the ``models=`` block), reported one line each."""
 
@@ -474,6 +480,16 @@ class Settings:
             "metrics_mode",
             "Where metrics go: prometheus (the metrics API) or log.",
             _one_of("prometheus", "log"),
+        ),
+    )
+    metrics_config: str = field(
+        default="",
+        metadata=_meta(
+            "metrics_config",
+            "A metrics.yaml in TorchServe's format: the metrics under its model_metrics are "
+            "declared in every handler (context.metrics.get_metric finds them); empty: "
+            "TorchServe's defaults, HandlerTime and PredictionTime.",
+            _metrics_yaml,
         ),
     )
     install_py_dep_per_model: bool = field(
@@ -1139,3 +1155,39 @@ def read_model_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         problem = f"{name!r} must be a mapping of keys to values, got {kind}"
         raise ConfigError([problem], title=title)
     return data
+
+
+METRIC_TYPES = ("counter", "gauge", "histogram")
+
+
+def read_model_metrics(path: str) -> list[dict[str, Any]]:
+    """The ``model_metrics`` of a TorchServe metrics.yaml, one ``{name, unit, dimensions,
+    type}`` per metric (its ``ts_metrics``, the frontend's, are TorchServe's own and unused).
+
+    :raises ValueError: the file cannot be read, or the section is not TorchServe's shape.
+    """
+    try:
+        with open(path, encoding="utf-8") as stream:
+            data = yaml.safe_load(stream) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path!r} cannot be read as YAML: {exc}") from None
+    section = data.get("model_metrics") if isinstance(data, dict) else None
+    if section is None:
+        return []
+    if not isinstance(section, dict):
+        raise ValueError(f"{path!r}: model_metrics must map counter, gauge or histogram to "
+                         "lists of metrics")
+    declared = []
+    for kind, metrics in section.items():
+        if kind not in METRIC_TYPES or not isinstance(metrics, list):
+            raise ValueError(f"{path!r}: model_metrics.{kind} must be one of "
+                             f"{', '.join(METRIC_TYPES)}, with a list of metrics")
+        for metric in metrics:
+            if (not isinstance(metric, dict) or not isinstance(metric.get("name"), str)
+                    or not isinstance(metric.get("dimensions", []), list)):
+                raise ValueError(f"{path!r}: model_metrics.{kind} has {metric!r}; each metric "
+                                 "is {name, unit, dimensions: [names]}")
+            declared.append({"name": metric["name"], "unit": str(metric.get("unit", "")),
+                             "dimensions": [str(d) for d in metric.get("dimensions") or []],
+                             "type": kind})
+    return declared

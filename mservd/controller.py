@@ -30,7 +30,7 @@ import zmq
 
 from mservd import protocol, snapshot
 from mservd.auth import INFERENCE, MANAGEMENT, KeyStore
-from mservd.config import Settings
+from mservd.config import Settings, read_model_metrics
 from mservd.errors import MservdError, error_body
 from mservd.leases import Lend, Recall, Revoke
 from mservd.management import Management
@@ -106,7 +106,9 @@ class Controller:
                                "log_format": settings.log_format,
                                "install_py_dep_per_model": settings.install_py_dep_per_model,
                                # a job socket (leases.py)
-                               "lendable": settings.lend_idle_workers},
+                               "lendable": settings.lend_idle_workers,
+                               "model_metrics": read_model_metrics(settings.metrics_config)
+                               if settings.metrics_config else None},
             zygote=zygote,
         )
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mservd-unpack")

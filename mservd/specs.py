@@ -48,6 +48,8 @@ class WorkerSpec(Spec):
     server_version: str = "mservd"
     limit_max_image_pixels: bool = True
     lendable: bool = False  # bind a job socket: the controller may lend the worker
+    # handler metrics declared up front (metrics_config's model_metrics); None: TorchServe's
+    model_metrics: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

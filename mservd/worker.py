@@ -121,6 +121,8 @@ def load(spec: WorkerSpec):
 
     install_ts_aliases()  # handlers written for TorchServe import ts.*
 
+    from handlers.metrics import MetricsRecorder
+
     context = Context(
         spec.model_name,
         spec.model_dir,
@@ -129,6 +131,7 @@ def load(spec: WorkerSpec):
         spec.gpu_id,
         spec.server_version,
         limit_max_image_pixels=spec.limit_max_image_pixels,
+        metrics=MetricsRecorder(spec.model_name, spec.model_metrics),
         model_yaml_config=spec.model_yaml or {},
     )
     if spec.install_py_dep_per_model:

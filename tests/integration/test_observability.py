@@ -52,6 +52,39 @@ def test_metrics_count_a_known_mix_of_requests(daemon_factory) -> None:
     assert value == 8
 
 
+def test_a_handler_gets_the_metrics_its_metrics_config_declares_as_in_torchserve(
+        daemon_factory, store, tmp_path) -> None:
+    from conftest import write_archive
+
+    write_archive(store, "declared", "declared_metrics.py")
+    config = tmp_path / "metrics.yaml"  # TorchServe's format; ts_metrics are its frontend's
+    config.write_text("dimensions:\n  - &model_name ModelName\n"
+                      "ts_metrics:\n  counter:\n    - name: Requests2XX\n      unit: Count\n"
+                      "      dimensions: []\n"
+                      "model_metrics:\n  counter:\n    - name: InferenceRequestCount\n"
+                      "      unit: count\n      dimensions: []\n"
+                      "  gauge:\n    - name: RequestBatchSize\n      unit: count\n"
+                      "      dimensions: [*model_name]\n"
+                      "    - name: HandlerTime\n      unit: ms\n"
+                      "      dimensions: [*model_name, Level]\n")
+    daemon = daemon_factory({"load_models": "declared.mar", "metrics_config": str(config)})
+    mark = daemon.log_end("model_declared.log")
+    for _ in range(3):
+        answer = daemon.predict("declared", json={})
+        assert answer.status_code == 200, answer.text  # before: KeyError, a 500
+
+    def shipped() -> dict[str, float]:
+        found = daemon.metrics()
+        return found if any(k.startswith("InferenceRequestCount") for k in found) else {}
+
+    found = wait_until(shipped, 10, "the handler's declared metrics", details=daemon.logs)
+    assert found['RequestBatchSize{Level="Model",ModelName="declared"}'] == 1
+    assert sum(v for k, v in found.items() if k.startswith("InferenceRequestCount_total")) == 3
+    # a wrong update (one value for HandlerTime's two dimensions) is logged, not recorded
+    assert not any(k.startswith("HandlerTime") and "too few" in k for k in found)
+    daemon.wait_for_log("model_declared.log", "Metric 'HandlerTime' has dimensions", since=mark)
+
+
 def test_metrics_keep_only_the_names_asked_for_as_torchserve_does(daemon_factory) -> None:
     import requests
 

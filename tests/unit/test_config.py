@@ -608,3 +608,28 @@ def test_load_reports_a_broken_model_snapshot(tmp_path) -> None:
     path.write_text('model_snapshot={"models": 3}\n')
     with pytest.raises(ConfigError, match="model_snapshot"):
         config.load(path)
+
+
+def test_metrics_config_model_metrics_are_read_in_torchserves_shape(tmp_path) -> None:
+    from mservd.config import read_model_metrics
+
+    good = tmp_path / "good.yaml"
+    good.write_text("dimensions:\n  - &model_name ModelName\n"
+                    "ts_metrics:\n  gauge:\n    - name: CPUUtilization\n      unit: Percent\n"
+                    "model_metrics:\n  gauge:\n    - name: SizeOfImage\n      unit: kB\n"
+                    "      dimensions: [*model_name, Level]\n"
+                    "  counter:\n    - name: Calls\n      unit: count\n      dimensions: []\n")
+    assert read_model_metrics(str(good)) == [
+        {"name": "SizeOfImage", "unit": "kB", "dimensions": ["ModelName", "Level"],
+         "type": "gauge"},
+        {"name": "Calls", "unit": "count", "dimensions": [], "type": "counter"}]
+
+
+def test_a_metrics_config_that_is_not_torchserves_shape_stops_the_start(tmp_path) -> None:
+    bad = tmp_path / "metrics.yaml"
+    bad.write_text("model_metrics:\n  speed:\n    - name: X\n")
+    properties = tmp_path / "config.properties"
+    properties.write_text(f"metrics_config={bad}\n")
+    with pytest.raises(ConfigError, match="model_metrics.speed must be one of counter"):
+        config.load(config_file=str(properties))
+

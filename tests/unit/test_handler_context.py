@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from handlers.context import Context, ResponseMeta
@@ -139,10 +141,34 @@ def test_metrics_declared_metric_updates_with_dimension_values() -> None:
     metric.add_or_update(5, ["fast"])
     [sample] = recorder.drain()
     assert (sample.name, sample.value, sample.dimensions) == ("Tokens", 5.0, {"Route": "fast"})
-    with pytest.raises(ValueError, match="one value per dimension name"):
-        metric.add_or_update(1, [])
     with pytest.raises(KeyError, match="'Nope' of type 'gauge' was not declared"):
         recorder.get_metric("Nope", "gauge")
+
+
+def test_a_wrong_metric_update_is_logged_and_never_fails_the_handler(caplog) -> None:
+    recorder = MetricsRecorder("m")
+    metric = recorder.add_metric_to_cache("Tokens", "count", ["Route"], MetricTypes.COUNTER)
+    with caplog.at_level(logging.ERROR, logger="handlers.metrics"):
+        metric.add_or_update(1, [])  # TorchServe logs these too, and goes on
+        metric.add_or_update(-2, ["fast"])
+    assert recorder.drain() == []
+    assert "one value per dimension name" in caplog.text
+    assert "cannot go down" in caplog.text
+
+
+def test_metrics_torchserve_declares_and_those_recorded_are_found_by_get_metric() -> None:
+    recorder = MetricsRecorder("m")
+    handler_time = recorder.get_metric("HandlerTime", MetricTypes.GAUGE)  # TorchServe's default
+    assert handler_time.dimension_names == ["ModelName", "Level"]
+    recorder.add_size("SizeOfImage", 3.5, None, "kB")
+    size = recorder.get_metric("SizeOfImage", MetricTypes.GAUGE)  # declared by the add
+    size.add_or_update(4.0, ["m", "Model"])
+    assert [s.value for s in recorder.drain()] == [3.5, 4.0]
+    declared = MetricsRecorder("m", [{"name": "Calls", "unit": "count", "dimensions": [],
+                                      "type": "counter"}])
+    assert declared.get_metric("Calls").unit == "count"
+    with pytest.raises(KeyError):  # a metrics_config replaces TorchServe's defaults
+        declared.get_metric("HandlerTime", MetricTypes.GAUGE)
 
 
 def test_metrics_refuse_unknown_units() -> None:
