@@ -1008,6 +1008,24 @@ _MODEL_YAML_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
         "continuousBatching": ("continuous_batching", to_bool),
     }
 )
+# model-config.yaml keys TorchServe acts on that mservd does not: said once per model version
+# at its start, so a user does not believe them applied (the handler still sees them all)
+TORCHSERVE_KEYS_NOT_APPLIED = {
+    "parallelType": "model parallelism (torchrun, DeepSpeed, PiPPy) is not run",
+    "parallelLevel": "model parallelism is not run",
+    "torchrun": "model parallelism is not run",
+    "useJobTicket": "requests queue up to jobQueueSize instead",
+    "clientTimeoutInMills": "send X-Request-Timeout-Ms, or set default_request_timeout_ms",
+    "maxRetryTimeoutInSec": "a worker that dies is started again at once",
+    "sequenceBatching": "stateful sequences are not routed to one worker",
+    "maxNumSequence": "stateful sequences are not routed to one worker",
+    "sequenceMaxIdleMSec": "stateful sequences are not routed to one worker",
+    "sequenceTimeoutMSec": "stateful sequences are not routed to one worker",
+    "maxSequenceJobQueueSize": "stateful sequences are not routed to one worker",
+    "asyncCommunication": "answers go back as each batch ends",
+    "useVenv": "handlers run in the daemon's environment",
+    "pt2": "BaseHandler does not torch.compile the model",
+}
 _MODELS_BLOCK_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
     {**_MODEL_YAML_KEYS, "defaultVersion": ("default_version", to_bool)}
 )
@@ -1098,6 +1116,10 @@ def resolve_model_settings(
             model_yaml, _MODEL_YAML_KEYS, "model-config.yaml", problems, origin
         )
         values.update(yaml_values)
+        for key in sorted(TORCHSERVE_KEYS_NOT_APPLIED.keys() & model_yaml.keys()):
+            logger.warning("model %s version %s: model-config.yaml's %s is TorchServe's and "
+                           "not applied by mservd (%s)", model_name, version, key,
+                           TORCHSERVE_KEYS_NOT_APPLIED[key])
     if api:
         given = {k: v for k, v in api.items() if v is not None}
         if "min_worker" in given:

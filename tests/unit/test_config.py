@@ -633,3 +633,15 @@ def test_a_metrics_config_that_is_not_torchserves_shape_stops_the_start(tmp_path
     with pytest.raises(ConfigError, match="model_metrics.speed must be one of counter"):
         config.load(config_file=str(properties))
 
+
+def test_torchserve_model_config_keys_mservd_does_not_apply_are_named_in_a_warning(
+        caplog) -> None:
+    yaml_config = {"minWorkers": 1, "parallelType": "pp", "torchrun": {"nproc-per-node": 4},
+                   "useJobTicket": True, "handler": {"profile": True}}
+    with caplog.at_level(logging.WARNING, logger="mservd.config"):
+        settings = config.resolve_model_settings(Settings(), "m", "1.0", model_yaml=yaml_config)
+    assert settings.min_workers == 1
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 3 and all("not applied by mservd" in w for w in warned)
+    assert [w.split("'s ")[1].split(" ")[0] for w in warned] == [
+        "parallelType", "torchrun", "useJobTicket"]
