@@ -37,6 +37,20 @@ class ResponseMeta:
     content_type: str | None
 
 
+class RequestHeaders(dict):
+    """A request's headers under lower-case names, found by any case: a handler written for
+    TorchServe may look up ``headers["X-Foo"]`` as its client spelled it."""
+
+    def __getitem__(self, key: str) -> str:
+        return super().__getitem__(key.lower() if isinstance(key, str) else key)
+
+    def get(self, key: str, default: object = None) -> object:
+        return super().get(key.lower() if isinstance(key, str) else key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(key.lower() if isinstance(key, str) else key)
+
+
 class RequestProcessor:
     """One request's headers in, and status and headers out (TorchServe's ``RequestProcessor``).
 
@@ -44,13 +58,14 @@ class RequestProcessor:
     """
 
     def __init__(self, request_headers: Mapping[str, str] | None = None) -> None:
-        self._request_headers = {k.lower(): v for k, v in (request_headers or {}).items()}
+        self._request_headers = RequestHeaders(
+            (k.lower(), v) for k, v in (request_headers or {}).items())
         self._status_code = 200
         self._reason_phrase: str | None = None
         self._response_headers: dict[str, str] = {}
 
     def get_request_header(self, key: str) -> str | None:
-        return self._request_headers.get(key.lower())
+        return self._request_headers.get(key)
 
     def get_request_headers(self) -> dict[str, str]:
         return self._request_headers

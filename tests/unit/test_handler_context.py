@@ -52,6 +52,9 @@ def test_context_request_headers_are_case_insensitive() -> None:
     assert ctx.request_processor[0].get_request_property("X-TOKEN") == "a"
     assert ctx.get_request_header(1, "explain") is None
     assert ctx.get_all_request_header(0) == {"explain": "True", "x-token": "a"}
+    headers = ctx.get_all_request_header(0)  # as a TorchServe handler may look them up
+    assert headers["X-Token"] == "a" and headers.get("EXPLAIN") == "True"
+    assert "X-Token" in headers and headers.get("X-Missing", "-") == "-"
 
 
 def test_context_response_status_headers_and_content_type_per_request() -> None:
