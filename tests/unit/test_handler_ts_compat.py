@@ -9,13 +9,14 @@ from pathlib import Path
 
 
 def test_ts_compat_torchserve_handler_imports_resolve_to_ours(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("a: [1]\n")
     (tmp_path / "ts_handler.py").write_text(
         textwrap.dedent(
             """
             from ts.context import Context
             from ts.torch_handler.base_handler import BaseHandler
             from ts.torch_handler.image_classifier import ImageClassifier
-            from ts.utils.util import PredictionException, map_class_to_label
+            from ts.utils.util import PredictionException, get_yaml_config, map_class_to_label
             from ts.handler_utils.timer import timed
             import ts.torch_handler.base_handler
 
@@ -42,6 +43,7 @@ def test_ts_compat_torchserve_handler_imports_resolve_to_ours(tmp_path: Path) ->
         assert ts_handler.ts.torch_handler.base_handler is handlers.base_handler
         import handlers.timer
         assert ts_handler.timed is handlers.timer.timed
+        assert ts_handler.get_yaml_config({str(tmp_path / "c.yaml")!r}) == {{"a": [1]}}
         print("ok")
         """
     )
