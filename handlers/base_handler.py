@@ -94,9 +94,32 @@ class BaseHandler:
                 "add --model-file for a state dict, or a handler that loads this format."
             )
         logger.info("Model %s loaded on %s", context.model_name, self.device)
+        self.model = self._compiled(self.model)
 
         self.mapping = load_label_mapping(os.path.join(model_dir, MAPPING_FILE))
         self.initialized = True
+
+    def _compiled(self, model: Any) -> Any:
+        """The model through ``torch.compile`` when model-config.yaml's ``pt2`` section asks,
+        in TorchServe's keys (``pt2: {compile: {enable: true, backend: ..., mode: ...}}``, or
+        the older ``pt2: {backend: ...}``); as it is otherwise, or when compiling fails (a
+        warning: the model serves uncompiled, as TorchServe's does). A backend compiles at
+        the first batch, which takes that much longer."""
+        pt2 = self.model_yaml_config.get("pt2")
+        if not isinstance(pt2, dict):
+            return model
+        options = pt2.get("compile") if "compile" in pt2 else pt2 if "backend" in pt2 else None
+        if not isinstance(options, dict) or not options.get("enable", "compile" not in pt2):
+            return model
+        options = {key: value for key, value in options.items() if key != "enable"}
+        try:
+            compiled = torch.compile(model, **options)
+        except Exception as exc:  # a backend or option this torch lacks: serve uncompiled
+            logger.warning("torch.compile(%s) failed; the model serves uncompiled: %s",
+                           options, exc)
+            return model
+        logger.info("Model compiled with torch.compile(%s)", options)
+        return compiled
 
     def _load_torchscript_model(self, model_pt_path: str) -> torch.jit.ScriptModule:
         if not os.path.isfile(model_pt_path):

@@ -1024,7 +1024,6 @@ TORCHSERVE_KEYS_NOT_APPLIED = {
     "maxSequenceJobQueueSize": "stateful sequences are not routed to one worker",
     "asyncCommunication": "answers go back as each batch ends",
     "useVenv": "handlers run in the daemon's environment",
-    "pt2": "BaseHandler does not torch.compile the model",
 }
 _MODELS_BLOCK_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
     {**_MODEL_YAML_KEYS, "defaultVersion": ("default_version", to_bool)}

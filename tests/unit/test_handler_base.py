@@ -161,6 +161,24 @@ def test_batched_handler_preprocess_gives_the_batch_on_the_handlers_device() -> 
     assert handler.preprocess([{"body": 1}, {"body": 2}]).device.type == "meta"
 
 
+@pytest.mark.parametrize(("pt2", "compiled"), [
+    ({"compile": {"enable": True, "backend": "eager"}}, True),
+    ({"backend": "eager"}, True),  # TorchServe's older form
+    ({"compile": {"enable": False, "backend": "eager"}}, False),
+    ({"compile": {"enable": True, "backend": "no-such-backend"}}, False),  # logged, served
+])
+def test_base_handler_compiles_the_model_as_model_config_pt2_asks(
+        eager_dir: Path, pt2: dict, compiled: bool) -> None:
+    handler = RowsHandler()
+    ctx = Context("m", str(eager_dir), {"model": {"serializedFile": "weights.bin",
+                                                  "modelFile": "doubler.py"}}, 1, None, "0",
+                  model_yaml_config={"pt2": pt2})
+    ctx.begin_batch(["0"], [{}])
+    handler.initialize(ctx)
+    assert (type(handler.model).__name__ == "OptimizedModule") is compiled
+    assert handler.handle([{"body": [2.0]}], ctx) == [[6.0]]
+
+
 def test_base_handler_refuses_a_state_dict_that_lacks_a_parameter(tmp_path: Path) -> None:
     """A parameter built without its initial values never serves: the load is strict."""
     (tmp_path / "projected.py").write_text(LINEAR_WITH_PROJECTION_PY)
