@@ -20,8 +20,10 @@ def send_intermediate_predict_response(
     """Send ``ret[i]`` as an intermediate response to request ``i`` of the current batch.
 
     Compatible with TorchServe's ``ts.handler_utils.utils.send_intermediate_predict_response``:
-    ``ret`` holds one item per request, ``req_id_map`` maps positions to request ids, and
-    ``code``/``message`` become each request's status. Returns ``True`` as TorchServe does.
+    ``ret`` holds one item per request, and ``req_id_map`` maps positions to request ids.
+    Each request's status stays what the handler set (``context.set_response_status``; 200
+    by default): as in TorchServe, ``code`` and ``message`` describe the message, not its
+    requests. Returns ``True`` as TorchServe does.
     """
     for idx, item in enumerate(ret):
         if idx not in req_id_map:
@@ -29,6 +31,5 @@ def send_intermediate_predict_response(
                 f"Intermediate response {idx} has no request id in req_id_map {req_id_map!r}; "
                 "pass context.request_ids."
             )
-        context.set_response_status(code, message, idx)
         context.send_intermediate(idx, item)
     return True

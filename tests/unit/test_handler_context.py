@@ -98,14 +98,17 @@ def test_context_begin_batch_refuses_mismatched_lengths() -> None:
         ctx.begin_batch(["a", "b"], [{}])
 
 
-def test_streaming_calls_the_worker_callback_with_status() -> None:
+def test_streaming_calls_the_worker_callback_and_keeps_the_handlers_status() -> None:
     ctx = make_context()
     ctx.begin_batch(["a", "b"], [{}, {}])
     sent: list[tuple[int, object]] = []
     ctx.stream_callback = lambda idx, item: sent.append((idx, item))
+    ctx.set_response_status(206, "Partial Content", 1)
     assert send_intermediate_predict_response(["x", "y"], ctx.request_ids, "Partial", 200, ctx)
     assert sent == [(0, "x"), (1, "y")]
-    assert ctx.get_response_status(1) == (200, "Partial")
+    # TorchServe's code and message describe the message; each request keeps its own status
+    assert ctx.get_response_status(0)[0] == 200
+    assert ctx.get_response_status(1) == (206, "Partial Content")
 
 
 def test_streaming_without_a_callback_says_so() -> None:
