@@ -265,6 +265,11 @@ def _regex_list(value: tuple[str, ...]) -> tuple[str, ...]:
     return value
 
 
+def _regex(value: str) -> str:
+    _regex_list((value,))
+    return value
+
+
 def _load_models(value: tuple[str, ...]) -> tuple[str, ...]:
     # TorchServe images ship "load_models=standalone"; it means nothing to load.
     if len(value) == 1 and value[0].lower() == "standalone":
@@ -472,6 +477,15 @@ class Settings:
             "allowed_urls",
             "Comma-separated regular expressions; a model URL must match one to be downloaded.",
             _regex_list,
+        ),
+    )
+    blacklist_env_vars: str = field(
+        default="",
+        metadata=_meta(
+            "blacklist_env_vars",
+            "A regular expression: environment variables whose whole name matches it are "
+            "hidden from the workers (and so from handler code); empty: none.",
+            _regex,
         ),
     )
     metrics_mode: str = field(

@@ -170,7 +170,7 @@ class Daemon:
             self.ports[what.split("_")[0]] = port
         self._addresses = self.addresses()
         # the zygote imports torch (most of the time to ready) while the rest of us starts
-        zygote = Zygote()
+        zygote = Zygote(settings.blacklist_env_vars)
         zygote.start()
         from mservd.controller import Controller
         from mservd.protocol import Reply

@@ -32,6 +32,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import select
 import signal
 import socket
@@ -98,10 +99,21 @@ class Child:
         self.send_signal(signal.SIGKILL)
 
 
+def workers_environment(hidden: str) -> dict[str, str]:
+    """The daemon's environment less the variables whose whole name matches ``hidden``
+    (TorchServe's ``blacklist_env_vars``). The zygote starts with it, so its forked workers
+    inherit none of them, not even in /proc/<pid>/environ."""
+    if not hidden:
+        return dict(os.environ)
+    pattern = re.compile(hidden)
+    return {name: value for name, value in os.environ.items() if not pattern.fullmatch(name)}
+
+
 class Zygote:
     """The supervisor's end: start the zygote, ask it for workers, learn their pids and exits."""
 
-    def __init__(self) -> None:
+    def __init__(self, hidden_env: str = "") -> None:
+        self.hidden_env = hidden_env  # blacklist_env_vars: a pattern of names
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.children: dict[str, Child] = {}
@@ -113,6 +125,7 @@ class Zygote:
             [sys.executable, "-m", "mservd.zygote", str(theirs.fileno())],
             stdin=subprocess.DEVNULL,
             pass_fds=(theirs.fileno(),),
+            env=workers_environment(self.hidden_env),
         )
         theirs.close()
         ours.setblocking(False)

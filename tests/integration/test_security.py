@@ -282,3 +282,20 @@ def test_the_controller_picks_the_key_by_verb_and_drops_malformed_frames(daemon)
         ctx.term()
     assert daemon.predict("echo", json={"still": "here"}).status_code == 200
     assert daemon.manage("GET", "/models/echo").status_code == 200
+
+
+def test_blacklist_env_vars_hides_matching_variables_from_the_workers(
+        daemon_factory, monkeypatch) -> None:
+    import psutil
+
+    monkeypatch.setenv("MSERVD_TEST_SECRET_KEY", "s3cr3t")
+    monkeypatch.setenv("MSERVD_TEST_SECRET", "kept: the name does not match all of the pattern")
+    daemon = daemon_factory({"load_models": "echo.mar",
+                             "blacklist_env_vars": "MSERVD_TEST_SECRET_.*|AWS_.*"})
+    assert daemon.predict("echo", json={}).status_code == 200
+    [pid] = daemon.worker_pids("echo")
+    # what the worker was started with, as a handler reading /proc/self/environ would see it
+    environ = psutil.Process(pid).environ()
+    assert "MSERVD_TEST_SECRET_KEY" not in environ
+    assert environ["MSERVD_TEST_SECRET"].startswith("kept")
+    assert psutil.Process(daemon.proc.pid).environ()["MSERVD_TEST_SECRET_KEY"] == "s3cr3t"
