@@ -137,6 +137,8 @@ class Context:
         self.request_processor: list[RequestProcessor] = []
         # Set by the worker when the transport can stream; see handlers.streaming.
         self.stream_callback: StreamCallback | None = None
+        # decode_input_request: TorchServe inputs parsed (JSON, text), or as the bytes sent
+        self.decode_input_request = True
 
     @property
     def system_properties(self) -> dict[str, Any]:

@@ -479,6 +479,14 @@ class Settings:
             _regex_list,
         ),
     )
+    decode_input_request: bool = field(
+        default=True,
+        metadata=_meta(
+            "decode_input_request",
+            "Hand a handler JSON inputs parsed and text inputs as str (true), or every input "
+            "as the bytes sent (false); TorchServe's /predictions inputs only.",
+        ),
+    )
     blacklist_env_vars: str = field(
         default="",
         metadata=_meta(

@@ -107,6 +107,7 @@ class Controller:
                                "install_py_dep_per_model": settings.install_py_dep_per_model,
                                # a job socket (leases.py)
                                "lendable": settings.lend_idle_workers,
+                               "decode_input_request": settings.decode_input_request,
                                "model_metrics": read_model_metrics(settings.metrics_config)
                                if settings.metrics_config else None},
             zygote=zygote,

@@ -48,6 +48,7 @@ class WorkerSpec(Spec):
     server_version: str = "mservd"
     limit_max_image_pixels: bool = True
     lendable: bool = False  # bind a job socket: the controller may lend the worker
+    decode_input_request: bool = True  # TorchServe inputs parsed (JSON, text) or as bytes
     # handler metrics declared up front (metrics_config's model_metrics); None: TorchServe's
     model_metrics: list[dict[str, Any]] | None = None
 

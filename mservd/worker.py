@@ -120,6 +120,8 @@ def load(spec: WorkerSpec):
     from handlers.ts_compat import install_ts_aliases
 
     install_ts_aliases()  # handlers written for TorchServe import ts.*
+    # TorchServe tells its workers so; a handler may read it
+    os.environ["TS_DECODE_INPUT_REQUEST"] = "true" if spec.decode_input_request else "false"
 
     from handlers.metrics import MetricsRecorder
 
@@ -134,6 +136,7 @@ def load(spec: WorkerSpec):
         metrics=MetricsRecorder(spec.model_name, spec.model_metrics),
         model_yaml_config=spec.model_yaml or {},
     )
+    context.decode_input_request = spec.decode_input_request  # read by the TorchServe codec
     if spec.install_py_dep_per_model:
         install_model_requirements(spec.model_dir, spec.manifest or {})
     handler = load_handler(spec.model_dir, spec.handler)

@@ -19,15 +19,21 @@ from mservd.payload import decode_form, decode_input, encode_output, is_form
 log = logging.getLogger("mservd.worker")
 
 
+def as_bytes(content_type: str | None, body: bytes) -> bytearray:
+    return bytearray(body)
+
+
 class TorchServeCodec(WholeParts):
     def decode(self, request: protocol.Request, context: Any) -> Call:
         row: dict[str, Any] = {}
+        # decode_input_request=false: every input as the bytes sent, as TorchServe gives them
+        read = decode_input if getattr(context, "decode_input_request", True) else as_bytes
         for (name, input_type), payload in zip(request.inputs, request.payloads):
             if is_form(input_type):  # one input per field, by field name
                 for field, field_type, data in decode_form(input_type, payload):
-                    row[field] = decode_input(field_type, data)
+                    row[field] = read(field_type, data)
             else:
-                row[name] = decode_input(input_type, payload)
+                row[name] = read(input_type, payload)
         return Call([row])
 
     def encode(self, call: Call, outputs: list[Any], context: Any,

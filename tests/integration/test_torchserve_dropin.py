@@ -440,3 +440,13 @@ def test_grpc_stream_predictions_relays_every_part_as_it_comes(ts_daemon: Daemon
     assert arrivals[0][1] is False  # the first part came before the handler ended
     ts_daemon.wait_for_log("model_stream.log", "stream handler done", since=mark)
     channel.close()
+
+
+def test_decode_input_request_false_hands_the_handler_the_bytes_sent(daemon_factory) -> None:
+    raw = daemon_factory({"load_models": "echo.mar", "decode_input_request": "false"})
+    sent = {"a": [1, 2]}
+    # the echo handler answers bytes as their text, anything else as it got it
+    assert raw.predict("echo", json=sent).json()["echo"] == json.dumps(sent)
+    texts = raw.predict("echo", data="héllo".encode("latin-1"),
+                        headers={"Content-Type": "text/plain; charset=latin-1"})
+    assert texts.json()["echo"] == "h\ufffdllo"  # the bytes, not latin-1 decoded
