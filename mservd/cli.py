@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from mservd import __version__
 from mservd.config import ConfigError, Settings, load, parse_address
 from mservd.model_folder import is_model_folder
 from mservd.run_handler import run_handler_command
+from mservd.tls import client_context
 
 DETACHED_ENV = "MSERVD_DETACHED"
 # Knative (so KServe) tells a serving container its port in PORT (usually 8080).
@@ -237,10 +239,11 @@ def status_command(log_dir: str) -> None:
         keys = json.loads(Path(state["key_file"]).read_text())
         headers["Authorization"] = f"Bearer {keys['management']['key']}"
     base = state["addresses"]["management"]
+    context = client_context(state.get("certificate_file")) if base.startswith("https:") else None
     try:
-        listing = _get_json(f"{base}/models?limit=1000", headers)
+        listing = _get_json(f"{base}/models?limit=1000", headers, context)
         for entry in listing.get("models", []):
-            for mv in _get_json(f"{base}/models/{entry['modelName']}/all", headers):
+            for mv in _get_json(f"{base}/models/{entry['modelName']}/all", headers, context):
                 default = " (default)" if mv.get("isDefault") else ""
                 click.echo(f"  model {mv['modelName']} {mv['modelVersion']}{default}: "
                            f"{len(mv['workers'])} workers, batch {mv['batchSize']}, "
@@ -252,9 +255,9 @@ def status_command(log_dir: str) -> None:
         raise click.ClickException(f"the management API did not answer: {exc}") from None
 
 
-def _get_json(url: str, headers: dict[str, str]) -> Any:
+def _get_json(url: str, headers: dict[str, str], context: ssl.SSLContext | None) -> Any:
     request = urllib.request.Request(url, headers=headers)
-    with urllib.request.urlopen(request, timeout=10) as answer:
+    with urllib.request.urlopen(request, timeout=10, context=context) as answer:
         return json.loads(answer.read())
 
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import click
 
+from mservd.tls import client_context
+
 STATE_FILE = "mservd.state.json"
 HTTP_TIMEOUT = 30.0
 POLL_INTERVAL = 0.25
@@ -63,13 +65,15 @@ class Client:
     management_url: str | None
     metrics_url: str | None
     token: str | None
+    certificate_file: str | None = None  # the daemon's, trusted over https (mservd/tls.py)
 
     def call(self, method: str, path: str, params: dict[str, Any] | None = None) -> Any:
         """The management API's JSON answer; ``ApiError`` for an error status."""
         if not self.management_url:
             raise ClientError("No management address: pass --management-url or --log-dir of a "
                               "running daemon.")
-        status, body, _ = self._request(method, self.management_url, path, params, self.token)
+        status, body, _ = self._request(method, self.management_url, path, params, self.token,
+                                        self.certificate_file)
         try:
             doc = json.loads(body) if body else None
         except ValueError:
@@ -90,14 +94,15 @@ class Client:
                               "daemon.")
         base = self.metrics_url.rstrip("/")
         path = "" if base.endswith("/metrics") else "/metrics"
-        status, body, _ = self._request("GET", base, path, None, None)
+        status, body, _ = self._request("GET", base, path, None, None, self.certificate_file)
         if status >= 400:
             raise ApiError(status, "Error", body.decode("utf-8", "replace").strip())
         return body.decode("utf-8", "replace")
 
     @staticmethod
     def _request(method: str, base: str, path: str, params: dict[str, Any] | None,
-                 token: str | None) -> tuple[int, bytes, dict[str, str]]:
+                 token: str | None, certificate_file: str | None
+                 ) -> tuple[int, bytes, dict[str, str]]:
         url = base.rstrip("/") + path
         query = {k: _query_value(v) for k, v in (params or {}).items() if v is not None}
         if query:
@@ -107,7 +112,8 @@ class Client:
             headers["Authorization"] = f"Bearer {token}"
         request = urllib.request.Request(url, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as answer:
+            context = client_context(certificate_file) if url.startswith("https:") else None
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=context) as answer:
                 return answer.status, answer.read(), dict(answer.headers)
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read(), dict(exc.headers or {})
@@ -150,7 +156,7 @@ def connect(log_dir: str, management_url: str | None, metrics_url: str | None,
             raise ClientError(f"Cannot read the management key from {str(key_file)!r}: {exc}. "
                               "Pass it with --token.") from None
     return Client(management_url or addresses.get("management"),
-                  metrics_url or addresses.get("metrics"), token)
+                  metrics_url or addresses.get("metrics"), token, state.get("certificate_file"))
 
 
 def client_options(*, metrics: bool = False) -> Callable:

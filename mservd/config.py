@@ -369,6 +369,25 @@ class Settings:
         default=7071,
         metadata=_meta("grpc_management_port", "gRPC management port on loopback.", _port),
     )
+    certificate_file: str = field(
+        default="",
+        metadata=_meta(
+            "certificate_file",
+            "The X.509 certificate chain (PEM) the https:// addresses (and the gRPC ports "
+            "with enable_grpc_ssl) serve.",
+        ),
+    )
+    private_key_file: str = field(
+        default="",
+        metadata=_meta("private_key_file", "The private key (PEM) of certificate_file."),
+    )
+    enable_grpc_ssl: bool = field(
+        default=False,
+        metadata=_meta(
+            "enable_grpc_ssl",
+            "Serve the gRPC ports over TLS with certificate_file and private_key_file.",
+        ),
+    )
     model_store: str | None = field(
         default=None,
         metadata=_meta("model_store", "Folder holding the model archives (.mar)."),

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mservd import __version__, snapshot
+from mservd import __version__, snapshot, tls
 from mservd.auth import KeyStore
 from mservd.config import Settings, parse_address
 from mservd.frontends.processes import Frontends
@@ -85,9 +85,7 @@ def hold_port(address: str, what: str) -> socket.socket:
     """Bind ``address`` and hold its port without listening: the HTTP frontend's workers each
     listen on it with SO_REUSEPORT (``frontends/http/arbiter.py``), and a socket that does not
     listen is dealt no connections. Port 0 becomes a free port here, once for all of them."""
-    scheme, host, port = parse_address(address)
-    if scheme != "http":
-        raise StartError(f"{what} {address!r}: only http:// is served; put TLS in front.")
+    _, host, port = parse_address(address)  # http or https: the frontends know which
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # first without SO_REUSEPORT, which would let us share a port another server listens on
     for reuse_port in (False, True):
@@ -158,6 +156,11 @@ class Daemon:
         configure_logging(settings, self.log_dir, to_stderr)
         if settings.model_store and not Path(settings.model_store).is_dir():
             raise StartError(f"Model store {settings.model_store!r} is not a directory.")
+        try:  # a certificate that cannot serve fails the start, not each handshake
+            if tls.needs(settings):
+                tls.server_context(settings.certificate_file, settings.private_key_file)
+        except ValueError as exc:
+            raise StartError(str(exc)) from None
         for what, address in (("inference_address", settings.inference_address),
                               ("management_address", settings.management_address),
                               ("metrics_address", settings.metrics_address)):
@@ -295,9 +298,10 @@ class Daemon:
 
     def addresses(self) -> dict[str, str]:
         out = {}
+        secure = tls.tls_apis(self.settings)
         for api, sock in self.ports.items():
             host, port = sock.getsockname()[:2]
-            out[api] = f"http://{host}:{port}"
+            out[api] = f"{'https' if api in secure else 'http'}://{host}:{port}"
         return out
 
     def write_state(self, keys: KeyStore | None, key_file: Path, failures: dict[str, Any],
@@ -308,6 +312,9 @@ class Daemon:
             "addresses": self._addresses,
             "grpc": self.frontends.grpc_addresses() if self.frontends is not None else None,
             "key_file": str(key_file) if keys is not None else None,
+            # the client commands trust it: a self-signed certificate works on loopback
+            "certificate_file": (str(Path(self.settings.certificate_file).resolve())
+                                 if tls.needs(self.settings) else None),
             "models": controller.registry.names(),
             "failed": failures,
             "warnings": self.warnings,

@@ -75,6 +75,9 @@ class HttpFrontendSpec(Spec):
     max_request_size: int
     reply_timeout: float
     gunicorn: dict[str, Any] = field(default_factory=dict)  # gunicorn's own settings, as named
+    tls_ports: list[int] = field(default_factory=list)  # served over TLS with the two files:
+    certificate_file: str = ""
+    private_key_file: str = ""
     ready_fd: int | None = None  # the daemon counts the workers that serve on this pipe
 
 
@@ -95,3 +98,5 @@ class GrpcFrontendSpec(Spec):
     drain_timeout: float
     log_level: str = "INFO"
     log_format: str = "plain"
+    certificate_file: str = ""  # both set: the two ports serve TLS (enable_grpc_ssl)
+    private_key_file: str = ""

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mservd import tls
 from mservd.config import Settings, parse_address
 from mservd.specs import GrpcFrontendSpec, HttpFrontendSpec
 
@@ -115,6 +116,10 @@ class Frontends:
                 "limit_request_fields": settings.limit_request_fields,
                 "limit_request_field_size": settings.limit_request_field_size,
             },
+            tls_ports=[port for api, (_, port) in addresses.items()
+                       if api in tls.tls_apis(settings)],
+            certificate_file=settings.certificate_file,
+            private_key_file=settings.private_key_file,
         )
         self.grpc_ports_file = log_dir / GRPC_PORTS_FILE
         self.grpc_spec = GrpcFrontendSpec(
@@ -131,6 +136,8 @@ class Frontends:
             drain_timeout=settings.drain_timeout,
             log_level=settings.log_level,
             log_format=settings.log_format,
+            certificate_file=settings.certificate_file if settings.enable_grpc_ssl else "",
+            private_key_file=settings.private_key_file if settings.enable_grpc_ssl else "",
         )
         self.http = Frontend("HTTP frontend (gunicorn's arbiter)", log_dir / "frontend.log")
         self.grpc = Frontend("gRPC frontend", log_dir / "grpc.log")

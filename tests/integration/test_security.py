@@ -299,3 +299,81 @@ def test_blacklist_env_vars_hides_matching_variables_from_the_workers(
     assert "MSERVD_TEST_SECRET_KEY" not in environ
     assert environ["MSERVD_TEST_SECRET"].startswith("kept")
     assert psutil.Process(daemon.proc.pid).environ()["MSERVD_TEST_SECRET_KEY"] == "s3cr3t"
+
+
+def self_signed_certificate(folder) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key, made by Debian's openssl."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return str(cert), str(key)
+
+
+def test_https_addresses_and_grpc_serve_tls_with_torchserves_certificate_keys(
+        daemon_factory, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    import grpc
+    import requests
+    from google.protobuf import empty_pb2
+
+    from mservd.frontends.grpc.generated import inference_pb2_grpc
+
+    cert, key = self_signed_certificate(tmp_path)
+    daemon = daemon_factory({"load_models": "echo.mar",
+                             "inference_address": "https://127.0.0.1:0",
+                             "management_address": "https://127.0.0.1:0",
+                             "certificate_file": cert, "private_key_file": key,
+                             "enable_grpc_ssl": "true"})
+    assert daemon.url("inference", "").startswith("https://")
+    assert daemon.url("metrics", "").startswith("http://")  # an http address stays plain
+    # verify per call: requests lets REQUESTS_CA_BUNDLE override a session's own
+    answer = daemon.predict("echo", json={"over": "tls"}, verify=cert)
+    assert answer.status_code == 200 and answer.json()["echo"] == {"over": "tls"}
+    assert daemon.manage("GET", "/models", verify=cert).json()["models"][0]["modelName"] \
+        == "echo"
+    with pytest.raises(requests.exceptions.SSLError):  # a client that does not trust it
+        requests.get(daemon.url("inference", "/ping"), timeout=10)
+    plain = daemon.url("inference", "/ping").replace("https://", "http://")
+    with pytest.raises(requests.exceptions.ConnectionError):  # no plain HTTP on a TLS port
+        requests.get(plain, timeout=10)
+    assert daemon.metrics()["Requests2XX"] >= 1
+    # the client commands trust the daemon's own certificate (from the state file)
+    for command in (("models", "list"), ("status",)):
+        shown = subprocess.run([sys.executable, "-m", "mservd", *command, "--log-dir",
+                                str(daemon.log_dir)], capture_output=True, text=True, timeout=120)
+        assert shown.returncode == 0 and "echo" in shown.stdout, shown.stderr
+    with open(cert, "rb") as handle:
+        credentials = grpc.ssl_channel_credentials(handle.read())
+    channel = grpc.secure_channel(daemon.grpc_address("inference"), credentials)
+    health = inference_pb2_grpc.InferenceAPIsServiceStub(channel).Ping(empty_pb2.Empty(),
+                                                                       timeout=30)
+    assert "Healthy" in health.health
+    channel.close()
+
+
+def test_an_https_address_without_certificate_files_fails_the_start_saying_so(
+        tmp_path, store) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "config.properties"
+    config.write_text("inference_address=https://127.0.0.1:0\n"
+                      "management_address=http://127.0.0.1:0\n"
+                      "metrics_address=http://127.0.0.1:0\ngrpc_inference_port=0\n"
+                      "grpc_management_port=0\nkeystore=keystore.p12\n")
+    started = subprocess.run(
+        [sys.executable, "-m", "mservd", "start", "--foreground", "--ts-config", str(config),
+         "--log-dir", str(tmp_path / "logs"), "--model-store", str(store)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert started.returncode != 0
+    assert "inference_address needs certificate_file and private_key_file" in started.stderr
+    assert "keystore" in started.stderr

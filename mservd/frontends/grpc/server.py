@@ -37,8 +37,11 @@ from mservd.specs import GrpcFrontendSpec
 log = logging.getLogger("mservd.frontends.grpc")
 
 
-def _bind(server: grpc.aio.Server, host: str, port: int, what: str) -> int:
-    bound = server.add_insecure_port(f"{host}:{port}")
+def _bind(server: grpc.aio.Server, host: str, port: int, what: str,
+          credentials: grpc.ServerCredentials | None) -> int:
+    address = f"{host}:{port}"
+    bound = (server.add_insecure_port(address) if credentials is None
+             else server.add_secure_port(address, credentials))
     if bound == 0:
         raise OSError(f"Cannot listen on {what} {host}:{port}; is another server using it? "
                       f"Set another {what} in config.properties.")
@@ -62,10 +65,15 @@ async def serve(spec: GrpcFrontendSpec) -> None:
     management = grpc.aio.server(options=options, interceptors=[RefuseUndecodable()])
     management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server(
         ManagementAPIs(bridge, spec.auth), management)
-    ports = {
-        "inference": f"{host}:{_bind(inference, host, spec.inference_port, 'grpc_inference_port')}",
-        "management": f"{mhost}:{_bind(management, mhost, spec.management_port, 'grpc_management_port')}",
-    }
+    credentials = None
+    if spec.certificate_file:  # enable_grpc_ssl (mservd/tls.py checked the files at start)
+        credentials = grpc.ssl_server_credentials([(
+            Path(spec.private_key_file).read_bytes(), Path(spec.certificate_file).read_bytes())])
+    inference_port = _bind(inference, host, spec.inference_port, "grpc_inference_port",
+                           credentials)
+    management_port = _bind(management, mhost, spec.management_port, "grpc_management_port",
+                            credentials)
+    ports = {"inference": f"{host}:{inference_port}", "management": f"{mhost}:{management_port}"}
     await inference.start()
     await management.start()
     target = Path(spec.ports_file)

@@ -42,6 +42,7 @@ from mservd.errors import error_body
 from mservd.lifeline import die_with_parent
 from mservd.log_format import formatter, log_to_stderr
 from mservd.specs import HttpFrontendSpec
+from mservd.tls import server_context
 
 log = logging.getLogger("mservd.frontends.http")
 
@@ -220,6 +221,9 @@ class FrontendWorker(ASGIWorker):
         self.connections = {True: 0, False: 0}  # open now: inference port, the others
         self.open: set[FrontendProtocol] = set()
         self.refusals: dict[tuple[bytes, bool], bytes] = {}
+        self.tls_ports = set(spec.tls_ports)  # https:// addresses (mservd/tls.py)
+        self.tls = (server_context(spec.certificate_file, spec.private_key_file)
+                    if self.tls_ports else None)
 
     def refusal_answer(self, body: bytes, keep_alive: bool) -> bytes:
         """A door's refusal as a whole HTTP answer, rendered once per body and kept."""
@@ -245,6 +249,10 @@ class FrontendWorker(ASGIWorker):
         def our_server(factory: Any, **kwargs: Any) -> Any:
             # gunicorn's worker listens again with asyncio's default backlog of 100
             kwargs["backlog"] = self.cfg.backlog
+            # TLS per address (gunicorn's own applies to every port or none)
+            sock = kwargs.get("sock")
+            if sock is not None and sock.getsockname()[1] in self.tls_ports:
+                kwargs["ssl"] = self.tls
             return create_server(lambda: FrontendProtocol(self), **kwargs)
 
         self.loop.create_server = our_server  # type: ignore[method-assign]
