@@ -369,6 +369,24 @@ class Settings:
         default=7071,
         metadata=_meta("grpc_management_port", "gRPC management port on loopback.", _port),
     )
+    cors_allowed_origin: str = field(
+        default="",
+        metadata=_meta(
+            "cors_allowed_origin",
+            "Turns CORS on: every HTTP answer carries Access-Control-Allow-Origin with this "
+            "value ('*' or an origin), and a browser's preflight (OPTIONS) is answered 200.",
+        ),
+    )
+    cors_allowed_methods: str = field(
+        default="",
+        metadata=_meta("cors_allowed_methods",
+                       "Access-Control-Allow-Methods for CORS answers, e.g. GET, POST."),
+    )
+    cors_allowed_headers: str = field(
+        default="",
+        metadata=_meta("cors_allowed_headers",
+                       "Access-Control-Allow-Headers for CORS answers, e.g. Authorization."),
+    )
     certificate_file: str = field(
         default="",
         metadata=_meta(

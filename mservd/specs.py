@@ -75,6 +75,7 @@ class HttpFrontendSpec(Spec):
     max_request_size: int
     reply_timeout: float
     gunicorn: dict[str, Any] = field(default_factory=dict)  # gunicorn's own settings, as named
+    cors: dict[str, str] = field(default_factory=dict)  # CORS headers every answer carries
     tls_ports: list[int] = field(default_factory=list)  # served over TLS with the two files:
     certificate_file: str = ""
     private_key_file: str = ""

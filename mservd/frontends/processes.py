@@ -62,6 +62,19 @@ def how_it_ended(code: int) -> str:
     return f"exited with code {code}"
 
 
+def cors_headers(settings: Settings) -> dict[str, str]:
+    """The CORS headers TorchServe's cors_allowed_* keys ask every answer to carry (none
+    without an origin)."""
+    if not settings.cors_allowed_origin:
+        return {}
+    headers = {"Access-Control-Allow-Origin": settings.cors_allowed_origin}
+    if settings.cors_allowed_methods:
+        headers["Access-Control-Allow-Methods"] = settings.cors_allowed_methods
+    if settings.cors_allowed_headers:
+        headers["Access-Control-Allow-Headers"] = settings.cors_allowed_headers
+    return headers
+
+
 @dataclass
 class Frontend:
     """One frontend: its process, whether that said it serves, and how its starts went."""
@@ -116,6 +129,7 @@ class Frontends:
                 "limit_request_fields": settings.limit_request_fields,
                 "limit_request_field_size": settings.limit_request_field_size,
             },
+            cors=cors_headers(settings),
             tls_ports=[port for api, (_, port) in addresses.items()
                        if api in tls.tls_apis(settings)],
             certificate_file=settings.certificate_file,

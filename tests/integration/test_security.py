@@ -377,3 +377,43 @@ def test_an_https_address_without_certificate_files_fails_the_start_saying_so(
     assert started.returncode != 0
     assert "inference_address needs certificate_file and private_key_file" in started.stderr
     assert "keystore" in started.stderr
+
+
+def test_cors_settings_answer_a_browsers_preflight_and_mark_every_answer(
+        daemon_factory) -> None:
+    import requests
+
+    daemon = daemon_factory({"load_models": "echo.mar",
+                             "cors_allowed_origin": "https://app.example",
+                             "cors_allowed_methods": "GET, POST, OPTIONS",
+                             "cors_allowed_headers": "Authorization, Content-Type"})
+    expected = {"access-control-allow-origin": "https://app.example",
+                "access-control-allow-methods": "GET, POST, OPTIONS",
+                "access-control-allow-headers": "Authorization, Content-Type"}
+
+    def cors(answer) -> dict[str, str]:
+        return {k.lower(): v for k, v in answer.headers.items()
+                if k.lower().startswith("access-control-")}
+
+    # a browser's preflight carries no token: answered before any check
+    preflight = requests.options(daemon.url("inference", "/predictions/echo"), timeout=10,
+                                 headers={"Origin": "https://app.example",
+                                          "Access-Control-Request-Method": "POST",
+                                          "Access-Control-Request-Headers": "authorization"})
+    assert preflight.status_code == 200 and cors(preflight) == expected
+    answer = daemon.predict("echo", json={"from": "a page"}, headers={"Origin": "https://x"})
+    assert answer.status_code == 200 and cors(answer) == expected
+    refused = requests.post(daemon.url("inference", "/predictions/echo"), json={}, timeout=10)
+    assert refused.status_code == 401 and cors(refused) == expected  # the page can read why
+    assert cors(daemon.manage("GET", "/models")) == expected
+    # OPTIONS / without a preflight's header is still the API description
+    described = requests.options(daemon.url("inference", "/"), timeout=10)
+    assert described.status_code == 200 and "openapi" in described.json()
+
+
+def test_without_cors_settings_no_answer_allows_another_origin(daemon) -> None:
+    import requests
+
+    answer = requests.get(daemon.url("inference", "/ping"), timeout=10,
+                          headers={"Origin": "https://evil.example"})
+    assert not any(k.lower().startswith("access-control-") for k in answer.headers)

@@ -85,6 +85,9 @@ class FrontendApp:
         self.routes: dict[str, Callable] = {}
         self.inference: Any = None  # the inference routes, whose door the connections ask
         self.threads: concurrent.futures.ThreadPoolExecutor | None = None
+        # cors_allowed_*: headers every answer carries, rendered once
+        self.cors = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                     for k, v in spec.cors.items()]
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         kind = scope["type"]
@@ -100,7 +103,11 @@ class FrontendApp:
         request = HttpRequest(scope, receive)
         api = self.apis.get(scope["server"][1] if scope.get("server") else 0, "inference")
         try:
-            answer = await self.routes[api](request, scope)
+            if (self.cors and request.method == "OPTIONS"
+                    and "access-control-request-method" in request.headers):
+                answer = Answer(200, b"")  # a browser's preflight: it sends no token
+            else:
+                answer = await self.routes[api](request, scope)
         except MservdError as exc:
             answer = error_answer(request.path, exc)
         except ControllerGone as exc:
@@ -120,10 +127,10 @@ class FrontendApp:
                 self.access.write(request.client, request.method, request.target,
                                   request.version, answer.status, request.started, answer.rid)
 
-    @staticmethod
-    async def send(send: Callable, answer: Answer) -> None:
+    async def send(self, send: Callable, answer: Answer) -> None:
         headers = [(b"content-type", answer.content_type.encode("latin-1"))]
         headers += [(k.encode("latin-1"), str(v).encode("latin-1")) for k, v in answer.headers]
+        headers += self.cors
         if answer.stream is None:
             headers.append((b"content-length", str(len(answer.body)).encode()))
             await send({"type": "http.response.start", "status": answer.status,

@@ -232,7 +232,8 @@ class FrontendWorker(ASGIWorker):
             if len(self.refusals) > 256:
                 self.refusals.clear()
             head = ["HTTP/1.1 503 Service Unavailable", "Content-Type: application/json",
-                    "Retry-After: 1", f"Content-Length: {len(body)}"]
+                    "Retry-After: 1", f"Content-Length: {len(body)}",
+                    *(f"{name}: {value}" for name, value in self.app.spec.cors.items())]
             if not keep_alive:
                 head.append("Connection: close")
             answer = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
