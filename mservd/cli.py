@@ -172,7 +172,8 @@ def start_command(model_store, models, ts_config, log_dir, foreground, ncs, enab
 def _print_state(state: dict[str, Any]) -> None:
     click.echo(f"mservd {state.get('version', '')} running (pid {state['pid']})")
     for api in ("inference", "management", "metrics"):
-        click.echo(f"  {api + ' API:':<16} {state['addresses'][api]}")
+        address = state["addresses"].get(api, "off (enable_metrics_api=false)")
+        click.echo(f"  {api + ' API:':<16} {address}")
     click.echo(f"  {'dashboard:':<16} {state['addresses']['management']}/dashboard")
     if state.get("key_file"):
         click.echo(f"  {'keys:':<16} {state['key_file']}")

@@ -91,7 +91,7 @@ class Client:
     def metrics(self) -> str:
         if not self.metrics_url:
             raise ClientError("No metrics address: pass --metrics-url or --log-dir of a running "
-                              "daemon.")
+                              "daemon (one with enable_metrics_api=false serves none).")
         base = self.metrics_url.rstrip("/")
         path = "" if base.endswith("/metrics") else "/metrics"
         status, body, _ = self._request("GET", base, path, None, None, self.certificate_file)

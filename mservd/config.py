@@ -369,6 +369,13 @@ class Settings:
         default=7071,
         metadata=_meta("grpc_management_port", "gRPC management port on loopback.", _port),
     )
+    enable_metrics_api: bool = field(
+        default=True,
+        metadata=_meta(
+            "enable_metrics_api",
+            "Serve the metrics API on metrics_address; false: no metrics port at all.",
+        ),
+    )
     cors_allowed_origin: str = field(
         default="",
         metadata=_meta(

@@ -161,9 +161,11 @@ class Daemon:
                 tls.server_context(settings.certificate_file, settings.private_key_file)
         except ValueError as exc:
             raise StartError(str(exc)) from None
-        for what, address in (("inference_address", settings.inference_address),
-                              ("management_address", settings.management_address),
-                              ("metrics_address", settings.metrics_address)):
+        served = [("inference_address", settings.inference_address),
+                  ("management_address", settings.management_address)]
+        if settings.enable_metrics_api:  # false: no metrics port, as in TorchServe
+            served.append(("metrics_address", settings.metrics_address))
+        for what, address in served:
             port = hold_port(address, what)
             if any(held.getsockname()[1] == port.getsockname()[1]
                    for held in self.ports.values()):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 
+import psutil
+
 from conftest import wait_until
 
 
@@ -145,3 +147,24 @@ def test_log_format_json_makes_every_process_log_json(daemon_factory) -> None:
     assert printed["logger"] == "handler" and printed["level"] == "INFO"
     assert printed["requests"] == [rid]
     assert printed["message"].startswith(f"echo handled {rid}:")
+
+
+def test_enable_metrics_api_false_serves_no_metrics_port(daemon_factory) -> None:
+    import subprocess
+    import sys
+
+    daemon = daemon_factory({"load_models": "echo.mar", "enable_metrics_api": "false"})
+    assert "metrics" not in daemon.state["addresses"]
+    assert daemon.predict("echo", json={}).status_code == 200
+    listening = {c.laddr.port for p in daemon.descendants()
+                 for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    served = {int(daemon.url(api, "").rsplit(":", 1)[1]) for api in ("inference", "management")}
+    served |= {int(daemon.grpc_address(api).rsplit(":", 1)[1])
+               for api in ("inference", "management")}
+    assert listening == served  # no third HTTP port
+    shown = subprocess.run([sys.executable, "-m", "mservd", "metrics", "--log-dir",
+                            str(daemon.log_dir)], capture_output=True, text=True, timeout=120)
+    assert shown.returncode != 0 and "enable_metrics_api=false" in shown.stderr
+    status = subprocess.run([sys.executable, "-m", "mservd", "status", "--log-dir",
+                             str(daemon.log_dir)], capture_output=True, text=True, timeout=120)
+    assert "metrics API:     off (enable_metrics_api=false)" in status.stdout, status.stderr
