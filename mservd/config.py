@@ -903,6 +903,22 @@ def _read_properties(path: str, problems: list[str]) -> dict[str, str]:
     return parse_properties(text)
 
 
+_VARIABLE = re.compile(r"\$\$([^$]+[^$])\$\$")  # TorchServe's $$NAME$$ in a value
+
+
+def _with_variables(key: str, value: str, environ: Mapping[str, str],
+                    problems: list[str]) -> str | None:
+    """``value`` with each ``$$NAME$$`` replaced by the environment variable NAME, as
+    TorchServe reads config.properties (a secret kept out of the file, a port from the
+    platform); None, and a problem, when one is not set (TorchServe refuses to start too)."""
+    if "$$" not in value:
+        return value
+    missing = [name for name in _VARIABLE.findall(value) if name not in environ]
+    for name in missing:
+        problems.append(f"{key}: the environment variable {name} (in $${name}$$) is not set")
+    return None if missing else _VARIABLE.sub(lambda m: environ[m.group(1)], value)
+
+
 # TorchServe's frontend thread pools; gunicorn's workers take their place (frontend_workers)
 NETTY_KEYS = frozenset({"number_of_netty_threads", "netty_client_threads"})
 
@@ -945,6 +961,9 @@ def load(
     if config_file is not None:
         path = os.fspath(config_file)
         for key, raw in _read_properties(path, problems).items():
+            raw = _with_variables(key, raw, environ, problems)
+            if raw is None:  # a variable it names is not set: reported
+                continue
             if key in by_key:
                 apply(*by_key[key], raw, "")
             else:

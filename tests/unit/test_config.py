@@ -143,7 +143,7 @@ def test_load_reads_file_and_keeps_unknown_keys(
         "number_of_gpu=2\n"
         "enable_model_api=TRUE\n"
         "vmargs=-Xmx4g\n"
-        "cors_allowed_origin=*\n",
+        "async_logging=true\n",
     )
     with caplog.at_level(logging.DEBUG, logger="mservd.config"):
         s = config.load(path, env={})
@@ -152,9 +152,9 @@ def test_load_reads_file_and_keeps_unknown_keys(
     assert s.allowed_urls == ("https://s3.amazonaws.com/.*", r"https://example\.com/.*")
     assert s.number_of_gpu == 2
     assert s.enable_model_api is True
-    assert dict(s.extra) == {"vmargs": "-Xmx4g", "cors_allowed_origin": "*"}
+    assert dict(s.extra) == {"vmargs": "-Xmx4g", "async_logging": "true"}
     assert s.config_file == str(path)
-    assert "cors_allowed_origin" in caplog.text
+    assert "async_logging" in caplog.text
 
 
 def test_load_parses_multiline_models_block(tmp_path: Path) -> None:
@@ -645,3 +645,18 @@ def test_torchserve_model_config_keys_mservd_does_not_apply_are_named_in_a_warni
     assert len(warned) == 3 and all("not applied by mservd" in w for w in warned)
     assert [w.split("'s ")[1].split(" ")[0] for w in warned] == [
         "parallelType", "torchrun", "useJobTicket"]
+
+
+def test_dollar_dollar_names_in_config_values_are_environment_variables_as_in_torchserve(
+        tmp_path) -> None:
+    properties = tmp_path / "config.properties"
+    properties.write_text("inference_address=http://127.0.0.1:$$MY_PORT$$\n"
+                          "allowed_urls=https://$$HOST$$/.*,file://.*\n")
+    settings = config.load(properties, env={"MY_PORT": "9090", "HOST": "models.example"})
+    assert settings.inference_address == "http://127.0.0.1:9090"
+    assert settings.allowed_urls == ("https://models.example/.*", "file://.*")
+    properties.write_text("job_queue_size=$$QUEUE$$\n")
+    with pytest.raises(ConfigError) as err:
+        config.load(properties, env={})
+    assert err.value.problems == ["job_queue_size: the environment variable QUEUE (in $$QUEUE$$) "
+                                  "is not set"]
