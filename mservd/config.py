@@ -919,8 +919,21 @@ def _with_variables(key: str, value: str, environ: Mapping[str, str],
     return None if missing else _VARIABLE.sub(lambda m: environ[m.group(1)], value)
 
 
-# TorchServe's frontend thread pools; gunicorn's workers take their place (frontend_workers)
-NETTY_KEYS = frozenset({"number_of_netty_threads", "netty_client_threads"})
+# config.properties keys TorchServe acts on that mservd does not, and what happens instead:
+# each is named in a warning at start, so an operator does not believe it applied
+TORCHSERVE_PROPERTIES_NOT_APPLIED = {
+    "number_of_netty_threads": "TorchServe's Netty thread count: the HTTP frontends are "
+                               "frontend_workers gunicorn workers, each one event loop",
+    "netty_client_threads": "TorchServe's Netty thread count: the HTTP frontends are "
+                            "frontend_workers gunicorn workers, each one event loop",
+    "service_envelope": "requests are read by the route they come in on (KServe v1 and v2, "
+                        "OpenAI) and the handler sees TorchServe's rows",
+    "workflow_store": "workflows are not served",
+    "default_service_handler": "an archive names its handler",
+    "unregister_model_timeout": "an unregister answers at once; the version's workers "
+                                "finish their batches and stop after it",
+    "async_logging": "logs are written by each process as they come",
+}
 
 
 def load(
@@ -968,10 +981,9 @@ def load(
                 apply(*by_key[key], raw, "")
             else:
                 extra[key] = raw
-        for key in sorted(extra.keys() & NETTY_KEYS):
-            logger.warning("%s in %s is TorchServe's Netty thread count and is ignored: the "
-                           "HTTP frontends are frontend_workers gunicorn workers, each one "
-                           "event loop", key, path)
+        for key in sorted(extra.keys() & TORCHSERVE_PROPERTIES_NOT_APPLIED.keys()):
+            logger.warning("%s in %s is not applied by mservd: %s", key, path,
+                           TORCHSERVE_PROPERTIES_NOT_APPLIED[key])
         if extra:
             logger.debug("Keys in %s that mservd does not use: %s", path, ", ".join(sorted(extra)))
 

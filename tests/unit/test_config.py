@@ -660,3 +660,15 @@ def test_dollar_dollar_names_in_config_values_are_environment_variables_as_in_to
         config.load(properties, env={})
     assert err.value.problems == ["job_queue_size: the environment variable QUEUE (in $$QUEUE$$) "
                                   "is not set"]
+
+
+def test_torchserve_properties_mservd_does_not_apply_are_named_in_a_warning(
+        tmp_path, caplog) -> None:
+    properties = tmp_path / "config.properties"
+    properties.write_text("number_of_netty_threads=4\nservice_envelope=kservev2\n"
+                          "vmargs=-Xmx4g\n")  # the JVM's: nothing to say about it
+    with caplog.at_level(logging.WARNING, logger="mservd.config"):
+        config.load(properties, env={})
+    warned = sorted(r.getMessage().split(" ")[0] for r in caplog.records)
+    assert warned == ["number_of_netty_threads", "service_envelope"]
+    assert all("is not applied by mservd" in r.getMessage() for r in caplog.records)
