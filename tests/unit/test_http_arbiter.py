@@ -61,3 +61,16 @@ def test_what_the_workers_inherit_from_the_arbiter_is_never_collected() -> None:
         assert not any(o is app for o in gc.get_objects())  # frozen: no collection walks it
     finally:
         gc.unfreeze()
+
+
+def test_a_door_refusal_carries_the_cors_headers_every_answer_does() -> None:
+    from types import SimpleNamespace
+
+    worker = FrontendWorker.__new__(FrontendWorker)
+    worker.refusals = {}
+    worker.app = SimpleNamespace(spec=http_frontend_spec(
+        cors={"Access-Control-Allow-Origin": "https://app.example"}))
+    answer = worker.refusal_answer(b'{"code": 503}', keep_alive=True)
+    head = answer.split(b"\r\n\r\n")[0].split(b"\r\n")
+    assert head[0] == b"HTTP/1.1 503 Service Unavailable"
+    assert b"Access-Control-Allow-Origin: https://app.example" in head
