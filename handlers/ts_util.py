@@ -1,8 +1,8 @@
 """What TorchServe's ``ts.utils.util`` offers handlers, under its names, from mservd's modules.
 
 Only the names handlers use: ``PredictionException``, ``get_yaml_config``,
-``list_classes_from_module``, ``load_label_mapping``, ``map_class_to_label``. Reached as ``ts.utils.util`` through
-:mod:`handlers.ts_compat`.
+``list_classes_from_module``, ``load_label_mapping``, ``map_class_to_label``. Reached as
+``ts.utils.util`` through :mod:`handlers.ts_compat`.
 """
 
 from __future__ import annotations
