@@ -24,6 +24,7 @@ from typing import Any
 from mservd import __version__, snapshot, tls
 from mservd.auth import KeyStore
 from mservd.config import Settings, parse_address
+from mservd.environment import hide_own_environment
 from mservd.frontends.processes import Frontends
 from mservd.log_format import formatter
 from mservd.model_folder import is_model_folder
@@ -177,6 +178,7 @@ class Daemon:
         # the zygote imports torch (most of the time to ready) while the rest of us starts
         zygote = Zygote(settings.blacklist_env_vars)
         zygote.start()
+        hide_own_environment(settings.blacklist_env_vars)
         from mservd.controller import Controller
         from mservd.protocol import Reply
 

@@ -32,7 +32,6 @@ import importlib
 import json
 import logging
 import os
-import re
 import select
 import signal
 import socket
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from mservd import cores
+from mservd.environment import children_environment
 from mservd.specs import WorkerSpec
 
 log = logging.getLogger("mservd.zygote")
@@ -99,16 +99,6 @@ class Child:
         self.send_signal(signal.SIGKILL)
 
 
-def workers_environment(hidden: str) -> dict[str, str]:
-    """The daemon's environment less the variables whose whole name matches ``hidden``
-    (TorchServe's ``blacklist_env_vars``). The zygote starts with it, so its forked workers
-    inherit none of them, not even in /proc/<pid>/environ."""
-    if not hidden:
-        return dict(os.environ)
-    pattern = re.compile(hidden)
-    return {name: value for name, value in os.environ.items() if not pattern.fullmatch(name)}
-
-
 class Zygote:
     """The supervisor's end: start the zygote, ask it for workers, learn their pids and exits."""
 
@@ -125,7 +115,7 @@ class Zygote:
             [sys.executable, "-m", "mservd.zygote", str(theirs.fileno())],
             stdin=subprocess.DEVNULL,
             pass_fds=(theirs.fileno(),),
-            env=workers_environment(self.hidden_env),
+            env=children_environment(self.hidden_env),
         )
         theirs.close()
         ours.setblocking(False)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from mservd import tls
 from mservd.config import Settings, parse_address
+from mservd.environment import children_environment
 from mservd.specs import GrpcFrontendSpec, HttpFrontendSpec
 
 log = logging.getLogger("mservd")
@@ -135,6 +136,8 @@ class Frontends:
             certificate_file=settings.certificate_file,
             private_key_file=settings.private_key_file,
         )
+        # blacklist_env_vars: what a handler could read in their /proc is no secret
+        self.environment = children_environment(settings.blacklist_env_vars)
         self.grpc_ports_file = log_dir / GRPC_PORTS_FILE
         self.grpc_spec = GrpcFrontendSpec(
             controller=controller,
@@ -182,7 +185,7 @@ class Frontends:
                 self.http.proc = subprocess.Popen(
                     [sys.executable, "-m", "mservd.frontends.http.arbiter", spec.to_json()],
                     pass_fds=[write_end], stdin=subprocess.DEVNULL, stdout=out,
-                    stderr=subprocess.STDOUT)
+                    stderr=subprocess.STDOUT, env=self.environment)
         except OSError:
             os.close(read_end)
             raise
@@ -203,7 +206,8 @@ class Frontends:
         with open(self.grpc.log_file, "ab") as out:
             self.grpc.proc = subprocess.Popen(
                 [sys.executable, "-m", "mservd.frontends.grpc.server", spec.to_json()],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=self.environment)
         self.grpc.served = False
 
     def wait_ready(self, timeout: float) -> str | None:

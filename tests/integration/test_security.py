@@ -298,6 +298,10 @@ def test_blacklist_env_vars_hides_matching_variables_from_the_workers(
     environ = psutil.Process(pid).environ()
     assert "MSERVD_TEST_SECRET_KEY" not in environ
     assert environ["MSERVD_TEST_SECRET"].startswith("kept")
+    # nor any other process of the daemon's a handler could read: zygote, frontends
+    for child in daemon.descendants():
+        assert "MSERVD_TEST_SECRET_KEY" not in child.environ(), child.cmdline()[:3]
+    # the daemon keeps it (it is made non-dumpable: root alone reads its /proc; tests are root)
     assert psutil.Process(daemon.proc.pid).environ()["MSERVD_TEST_SECRET_KEY"] == "s3cr3t"
 
 
@@ -406,6 +410,18 @@ def test_cors_settings_answer_a_browsers_preflight_and_mark_every_answer(
     refused = requests.post(daemon.url("inference", "/predictions/echo"), json={}, timeout=10)
     assert refused.status_code == 401 and cors(refused) == expected  # the page can read why
     assert cors(daemon.manage("GET", "/models")) == expected
+    # the parser's own refusals carry them too (a head past its bounds: 431)
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(daemon.url("inference", "/"))
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head and (chunk := sock.recv(65536)):
+            head += chunk
+    assert head.startswith(b"HTTP/1.1 431") and \
+        b"Access-Control-Allow-Origin: https://app.example" in head, head
     # OPTIONS / without a preflight's header is still the API description
     described = requests.options(daemon.url("inference", "/"), timeout=10)
     assert described.status_code == 200 and "openapi" in described.json()

@@ -74,3 +74,29 @@ def test_a_door_refusal_carries_the_cors_headers_every_answer_does() -> None:
     head = answer.split(b"\r\n\r\n")[0].split(b"\r\n")
     assert head[0] == b"HTTP/1.1 503 Service Unavailable"
     assert b"Access-Control-Allow-Origin: https://app.example" in head
+
+
+def test_the_door_lets_a_browsers_preflight_by_and_refuses_the_prediction(monkeypatch) -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    served: list[str] = []
+
+    async def gunicorn_serves(self, request, sockname, peername):
+        served.append(request.method)
+        return True
+
+    monkeypatch.setattr(ASGIProtocol, "_serve_http_request", gunicorn_serves)
+    door = SimpleNamespace(refusal=lambda path: b'{"code": 503}')  # the model is overloaded
+    conn = FrontendProtocol.__new__(FrontendProtocol)
+    conn._inference, conn._body_receiver, written = True, None, []
+    conn._safe_write = written.append  # type: ignore[method-assign]
+    conn.worker = SimpleNamespace(
+        asgi=SimpleNamespace(inference=SimpleNamespace(door=door), access=None),
+        refusal_answer=lambda body, keep_alive: b"HTTP/1.1 503 " + body)
+    for method in ("OPTIONS", "POST"):
+        request = SimpleNamespace(method=method, path="/predictions/m", query="",
+                                  version=(1, 1), should_close=lambda: False)
+        asyncio.run(conn._serve_http_request(request, None, ("127.0.0.1", 1)))
+    assert served == ["OPTIONS"]  # the preflight reached the app (and its CORS answer)
+    assert written == [b'HTTP/1.1 503 {"code": 503}']  # the prediction was refused at the door

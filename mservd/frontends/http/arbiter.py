@@ -97,7 +97,8 @@ class FrontendProtocol(ASGIProtocol):
         the requests let in here."""
         app = self.worker.asgi
         refusal = (app.inference.door.refusal(request.path)
-                   if self._inference and app.inference is not None else None)
+                   if self._inference and app.inference is not None
+                   and request.method != "OPTIONS" else None)  # a preflight is no prediction
         if refusal is None:
             return await super()._serve_http_request(request, sockname, peername)
         started = time.perf_counter()
@@ -201,9 +202,12 @@ class FrontendProtocol(ASGIProtocol):
             reason = HTTPStatus(status).phrase  # gunicorn's table lacks 431
         except ValueError:
             reason = self._get_reason_phrase(status)
+        worker = getattr(self, "worker", None)
+        cors = worker.app.spec.cors.items() if worker is not None else ()
         head = [f"HTTP/1.1 {status} {reason}",
                 "Content-Type: application/json", f"Content-Length: {len(body)}",
-                *(f"{name}: {value}" for name, value in extra_headers), "Connection: close"]
+                *(f"{name}: {value}" for name, value in (*extra_headers, *cors)),
+                "Connection: close"]
         self._safe_write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
 
 
@@ -254,6 +258,9 @@ class FrontendWorker(ASGIWorker):
             sock = kwargs.get("sock")
             if sock is not None and sock.getsockname()[1] in self.tls_ports:
                 kwargs["ssl"] = self.tls
+                # a handshake is part of the head's deadline: a stalled one (asyncio's
+                # default waits 60 s) holds its socket no longer than a silent plain client
+                kwargs["ssl_handshake_timeout"] = self.header_timeout
             return create_server(lambda: FrontendProtocol(self), **kwargs)
 
         self.loop.create_server = our_server  # type: ignore[method-assign]
