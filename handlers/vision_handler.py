@@ -44,11 +44,21 @@ class VisionHandler(BatchedHandler):
     """Images in, one tensor per request out through :attr:`image_processing`.
 
     :attr image_processing: applied to the decoded PIL image; must return a tensor.
-    :attr image_mode: the PIL mode images are converted to before processing (``None`` keeps it).
+    :attr image_mode: the PIL mode images are converted to before processing: ``RGB`` for the
+        built-ins' own transforms (three channels), ``None`` — the image as sent, as TorchServe
+        gives it — for a subclass that brings its ``image_processing`` without an
+        ``image_mode`` (MNIST's grayscale transform, say).
     """
 
     image_processing: Callable[[Image.Image], torch.Tensor] = transforms.ToTensor()
     image_mode: str | None = "RGB"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        if "image_processing" in own and "image_mode" not in own \
+                and not cls.__module__.startswith("handlers."):
+            cls.image_mode = None
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)

@@ -199,6 +199,25 @@ def test_image_classifier_accepts_grayscale_and_rgba(scripted_dir: Path) -> None
     assert all(isinstance(o, dict) for o in outputs)
 
 
+def test_a_subclass_with_its_own_transform_gets_the_image_as_sent_as_in_torchserve(
+        scripted_dir: Path) -> None:
+    """TorchServe's MNIST example: its grayscale transform gets the PNG's one channel (the
+    built-ins' RGB conversion gave its 1-channel network 3 and failed every request)."""
+    from torchvision import transforms
+
+    class Digits(ImageClassifier):
+        image_processing = transforms.Compose([transforms.ToTensor()])
+
+    class DigitsAsRgb(Digits):
+        image_mode = "RGB"  # a subclass may still ask for a mode
+
+    buf = io.BytesIO()
+    Image.new("L", (28, 28)).save(buf, format="PNG")
+    assert Digits().decode_request({"data": buf.getvalue()}).shape == (1, 28, 28)
+    assert DigitsAsRgb().decode_request({"data": buf.getvalue()}).shape == (3, 28, 28)
+    assert ImageClassifier.image_mode == "RGB"  # the built-in's own transform: 3 channels
+
+
 def test_image_classifier_records_handler_time(scripted_dir: Path) -> None:
     handler, ctx = scripted_handler(scripted_dir, 1)
     ctx.metrics.drain()
