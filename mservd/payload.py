@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import json
+from urllib.parse import parse_qsl
 from typing import Any
 
 JSON_TYPE = "application/json"
@@ -79,33 +80,63 @@ def is_form(content_type: str | None) -> bool:
     return media_type(content_type) in FORM_TYPES
 
 
-def decode_form(content_type: str, body: bytes) -> list[tuple[str, str, bytes]]:
+def decode_form(content_type: str, body: bytes) -> list[tuple[str, str | None, bytes]]:
     """A form body's fields as (name, content type, bytes): each becomes one handler input.
 
-    Parsed here, in the worker, once the controller has checked the request's token: a
-    stranger's form costs the frontend nothing but its bytes.
+    As TorchServe hands them on: a file part with its own content type, a plain field with
+    none (so the handler gets its bytes, as sent, whatever decode_input_request says), an
+    urlencoded field percent-decoded to bytes. Parsed here, in the worker, once the
+    controller has checked the request's token: a stranger's form costs the frontend nothing
+    but its bytes.
     """
-    import io
-
-    from werkzeug.formparser import parse_form_data
-
     media = media_type(content_type)
-    fields = body.count(b"&") + 1 if media == FORM_TYPES[1] else 0
-    if fields > MAX_FORM_FIELDS:
-        raise InputError(f"The {media} body has {fields} fields; at most {MAX_FORM_FIELDS} "
-                         "are read.")
-    env = {"wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body)),
-           "CONTENT_TYPE": content_type, "REQUEST_METHOD": "POST"}
-    try:
-        _, form, files = parse_form_data(env, silent=False, max_form_parts=MAX_FORM_FIELDS)
-    except Exception as exc:  # werkzeug raises several types for malformed or huge forms
-        raise InputError(f"Malformed {media} body: {exc}") from None
-    out = [(name, "text/plain; charset=utf-8", value.encode("utf-8"))
-           for name, value in form.items(multi=True)]
-    out += [(name, storage.content_type or "application/octet-stream", storage.read())
-            for name, storage in files.items(multi=True)]
+    if media == FORM_TYPES[1]:
+        fields = body.count(b"&") + 1
+        if fields > MAX_FORM_FIELDS:
+            raise InputError(f"The {media} body has {fields} fields; at most "
+                             f"{MAX_FORM_FIELDS} are read.")
+        # latin-1 both ways: each byte, percent-decoded or not, comes back as it was
+        out = [(name.encode("latin-1").decode("utf-8", "replace"), None,
+                value.encode("latin-1"))
+               for name, value in parse_qsl(bytes(body).decode("latin-1"),
+                                            keep_blank_values=True, encoding="latin-1")]
+    else:
+        out = _multipart_fields(content_type, bytes(body))
     if not out:
         raise InputError(f"The {media} body has no fields.")
+    return out
+
+
+def _multipart_fields(content_type: str, body: bytes) -> list[tuple[str, str | None, bytes]]:
+    from werkzeug.http import parse_options_header
+    from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder
+
+    boundary = parse_options_header(content_type)[1].get("boundary")
+    if not boundary:
+        raise InputError("Malformed multipart/form-data body: its Content-Type has no boundary.")
+    decoder = MultipartDecoder(boundary.encode("latin-1"), max_parts=MAX_FORM_FIELDS)
+    out: list[tuple[str, str | None, bytes]] = []
+    parts: list[bytes] = []
+    try:
+        decoder.receive_data(body)
+        decoder.receive_data(None)
+        while not isinstance(event := decoder.next_event(), Epilogue):
+            if isinstance(event, (Field, File)):
+                kind = event.headers.get("content-type") if isinstance(event, File) else None
+                out.append((event.name, kind or (None if isinstance(event, Field)
+                                                 else "application/octet-stream"), b""))
+                parts = []
+            elif isinstance(event, Data):
+                parts.append(event.data)
+                if not event.more_data:
+                    name, kind, _ = out[-1]
+                    out[-1] = (name, kind, b"".join(parts))
+            elif type(event).__name__ == "NeedData":  # the body ended inside a part
+                raise ValueError("the body ends before its closing boundary")
+    except Exception as exc:  # werkzeug raises several types for malformed or huge forms
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"Malformed multipart/form-data body: {exc}") from None
     return out
 
 
