@@ -29,7 +29,7 @@ CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
 # mservd/frontends/http/v2.py is installed.
 INFERENCE_ROUTES = {
     ("options", "/"), ("get", "/api-description"), ("get", "/ping"),
-    *((m, f"/{kind}/{{model_name}}{v}") for m in ("post", "put")
+    *((m, f"/{kind}/{{model_name}}{v}") for m in ("post", "put", "get")
       for kind in ("predictions", "explanations") for v in ("", "/{model_version}")),
     ("get", "/v1/models"), ("get", "/v1/models/{model_name}"),
     ("post", "/v1/models/{model_name}:predict"),

@@ -71,13 +71,17 @@ def handle(data, context):
     if data is None:
         return None
     out = []
-    for row in data:
+    for idx, row in enumerate(data):
         body = row.get("data") or row.get("body")
         if isinstance(body, (bytes, bytearray)):
             body = body.decode()
         if "teapot" in str(body):
             raise PredictionException("I am a teapot, not a model", 418)
-        out.append({"echo": body, "model": context.model_name})
+        echo = {"echo": body, "model": context.model_name}
+        url_path = context.get_request_header(idx, "url_path")
+        if url_path is not None:
+            echo["url_path"] = url_path
+        out.append(echo)
     return out
 '''
 
@@ -273,6 +277,20 @@ def test_module_function_handler(ts_daemon: Daemon) -> None:
     assert answer.json() == {"echo": {"say": "hi"}, "model": "func"}
     answer = ts_daemon.predict("func", data=b"plain bytes")
     assert answer.json() == {"echo": "plain bytes", "model": "func"}
+
+
+def test_a_path_past_the_version_reaches_the_handler_as_url_path_and_get_predicts(
+        ts_daemon: Daemon) -> None:
+    """TorchServe's test_url_path: /predictions/{m}/{v}/<path> gives the handler url_path."""
+    for path in ("v1/chat/completion", "v1/completion"):
+        answer = ts_daemon.session.post(
+            ts_daemon.url("inference", f"/predictions/func/1.0/{path}"), json={"prompt": "hi"},
+            headers=ts_daemon._headers("inference", None), timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"echo": {"prompt": "hi"}, "model": "func", "url_path": path}
+    got = ts_daemon.session.get(ts_daemon.url("inference", "/predictions/func"),
+                                headers=ts_daemon._headers("inference", None), timeout=60)
+    assert got.status_code == 200 and got.json()["model"] == "func", got.text
 
 
 def test_prediction_exception_code_reaches_the_client(ts_daemon: Daemon) -> None:

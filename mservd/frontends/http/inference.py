@@ -58,17 +58,21 @@ class InferenceRoutes:
                                "Try POST /predictions/{model_name}.")
 
     async def predict(self, request: HttpRequest) -> Answer:
-        """``POST /predictions/{model}[/{version}]`` and ``/explanations/...``."""
-        if request.method not in ("POST", "PUT"):
+        """``POST /predictions/{model}[/{version}[/{url_path}]]`` and ``/explanations/...``:
+        as in TorchServe, a path past the version reaches the handler as the ``url_path``
+        request header, and a GET is a prediction with an empty body."""
+        if request.method not in ("POST", "PUT", "GET"):
             raise MethodNotAllowed(f"Method {request.method} is not allowed on {request.path}; "
                                    "use POST.")
-        parts = request.path.split("/")
-        if len(parts) not in (3, 4) or not parts[2]:
+        parts = request.path.split("/", 4)
+        if not parts[2]:
             raise ResourceNotFound(f"Requested resource is not found: {request.path}. "
                                    "Use /predictions/{model_name}[/{version}].")
         model = parts[2]
-        version = parts[3] if len(parts) == 4 and parts[3] else None
+        version = parts[3] if len(parts) >= 4 and parts[3] else None
         headers = request.headers
+        if len(parts) == 5:  # the path past the version, as TorchServe hands it on
+            headers = {**headers, "url_path": parts[4]}
         timeout_ms = request.timeout_ms()
         token = self.gateway.token(request)
 

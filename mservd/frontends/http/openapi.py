@@ -143,9 +143,12 @@ def _prediction(operation_id: str, summary: str, versioned: bool, explain: bool)
         "description": (
             "The body reaches the handler as one input named `body` (JSON parsed, text/* as "
             "str, anything else as bytes), or one input per field of a multipart/form-data or "
-            "urlencoded form. The answer is the handler's output: bytes as they are, str as "
-            "UTF-8, anything else as JSON; the handler may set the status, content type and "
-            "headers." + (" The handler sees the header `explain: True`." if explain else "")),
+            "urlencoded form (a file part with its content type, a plain field as bytes). The "
+            "answer is the handler's output: bytes as they are, str as UTF-8, anything else as "
+            "JSON; the handler may set the status, content type and headers. A path past the "
+            "version (`.../{model_version}/v1/chat/completion`) reaches the handler as the "
+            "request header `url_path`, as in TorchServe."
+            + (" The handler sees the header `explain: True`." if explain else "")),
         "parameters": parameters,
         "requestBody": {"required": False, "content": {
             "application/json": {"schema": {}},
@@ -195,7 +198,11 @@ def _inference_paths() -> dict[str, Any]:
             post = _prediction(f"{op}Post", summary, versioned, explain)
             put = {**_prediction(f"{op}Put", summary, versioned, explain),
                    "summary": summary + " Same as POST."}
-            paths[path] = {"post": post, "put": put}
+            get = {key: value for key, value in
+                   _prediction(f"{op}Get", summary, versioned, explain).items()
+                   if key != "requestBody"}
+            get["summary"] = summary + " With no body, as TorchServe takes it."
+            paths[path] = {"post": post, "put": put, "get": get}
     return paths
 
 
