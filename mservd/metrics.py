@@ -188,25 +188,29 @@ class Metrics:
         return out
 
     def record_handler_samples(self, samples: list[protocol.Sample]) -> None:
-        """Handler metrics shipped by a worker."""
+        """Handler metrics shipped by a worker. A counter keeps its name, as TorchServe shows
+        it (prometheus-client's Counter would add ``_total``): a gauge that only grows, like
+        the ``ts_*`` ones."""
         for sample in samples:
             name, value, unit, kind, dimensions = (sample.name, sample.value, sample.unit,
                                                    sample.kind, sample.dimensions)
             labels = tuple(sorted(dimensions))
-            metric = self._custom.get(name)
-            if metric is None:
+            if name not in self._custom:
                 if not _NAME_OK.match(name) or name in self.registry._names_to_collectors:
                     log.warning("handler metric %r has an unusable name; dropped", name)
-                    self._custom[name] = False
+                    self._custom[name] = None
                     continue
-                kind_class = {"counter": Counter, "histogram": Histogram}.get(kind, Gauge)
-                metric = kind_class(name, f"Handler metric ({unit}).", labels,
-                                    registry=self.registry)
-                self._custom[name] = metric
-            if metric is False or tuple(metric._labelnames) != labels:
-                continue  # dimensions changed between samples: Prometheus cannot mix them
+                counter = kind == "counter"
+                metric = (Histogram if kind == "histogram" else Gauge)(
+                    name, f"Handler metric ({unit}{', a counter' if counter else ''}).",
+                    labels, registry=self.registry)
+                self._custom[name] = (metric, counter)
+            known = self._custom[name]
+            if known is None or tuple(known[0]._labelnames) != labels:
+                continue  # unusable, or dimensions changed: Prometheus cannot mix them
+            metric, counter = known
             child = metric.labels(*(dimensions[k] for k in labels)) if labels else metric
-            if isinstance(metric, Counter):
+            if counter:
                 child.inc(max(0.0, float(value)))
             elif isinstance(metric, Histogram):
                 child.observe(float(value))
