@@ -72,8 +72,9 @@ def test_unknown_model_and_version_are_404(daemon) -> None:
 def test_unknown_route_and_wrong_method(daemon) -> None:
     answer = requests.get(daemon.url("inference", "/nowhere"), timeout=10)
     assert answer.status_code == 404 and answer.json()["code"] == 404
-    answer = requests.get(daemon.url("inference", "/predictions/echo"), timeout=10,
-                          headers={"Authorization": f"Bearer {daemon.key('inference')}"})
+    # GET is a prediction, as in TorchServe; DELETE is none
+    answer = requests.delete(daemon.url("inference", "/predictions/echo"), timeout=10,
+                             headers={"Authorization": f"Bearer {daemon.key('inference')}"})
     assert answer.status_code == 405 and answer.json()["type"] == "MethodNotAllowedException"
     answer = daemon.manage("PATCH", "/models/echo")
     assert answer.status_code == 405
