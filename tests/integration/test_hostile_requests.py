@@ -282,6 +282,14 @@ def test_an_absolute_form_target_is_served_as_its_path(strict) -> None:
     answer = connection.getresponse()
     assert answer.status == 200 and b"Healthy" in answer.read()
     connection.close()
+    # the management API's Flask routes too
+    url = urlsplit(strict.url("management", "/"))
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    connection.request("GET", f"http://{url.hostname}:{url.port}/models",
+                       headers={"Authorization": f"Bearer {strict.key('management')}"})
+    answer = connection.getresponse()
+    assert answer.status == 200 and b'"echo"' in answer.read()
+    connection.close()
 
 
 def test_a_websocket_upgrade_is_answered_as_the_plain_request_it_also_is(strict) -> None:
@@ -297,6 +305,12 @@ def test_a_websocket_upgrade_is_answered_as_the_plain_request_it_also_is(strict)
                 assert chunk, data
                 data += chunk
         assert answer == status, data
+    # the management API's Flask routes too (werkzeug took it for a WebSocket route: 405)
+    token = b"Authorization: Bearer %s\r\n" % strict.key("management").encode()
+    with connect(strict, "management") as sock:
+        sock.sendall(b"GET /models HTTP/1.1\r\n%s%s\r\n" % (upgrade, token))
+        answer, data = read_head(sock)
+    assert answer == 200, data
 
 
 def test_a_malformed_request_pipelined_behind_a_good_one_is_answered_after_it(strict) -> None:

@@ -32,7 +32,14 @@ from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import ClientGone, ControllerGone
 from mservd.frontends.http import dashboard, inference, management, metrics
 from mservd.frontends.http.access_log import AccessLog
-from mservd.frontends.http.request import JSON, Answer, HttpRequest, error_answer, relay
+from mservd.frontends.http.request import (
+    JSON,
+    Answer,
+    HttpRequest,
+    error_answer,
+    origin_path,
+    relay,
+)
 from mservd.protocol import Reply
 from mservd.specs import HttpFrontendSpec
 
@@ -243,6 +250,8 @@ class WsgiRoutes:
                 return relay(refused)
         body = await request.body(self.max_body, self.body_timeout)
         raw_path = scope.get("raw_path") or request.path.encode("utf-8", "surrogateescape")
+        if not raw_path.startswith(b"/"):  # absolute-form: its path, as request.path has it
+            raw_path = origin_path(raw_path.decode("latin-1")).encode("latin-1")
         environ = {
             "REQUEST_METHOD": request.method,
             "SCRIPT_NAME": "",
@@ -265,7 +274,7 @@ class WsgiRoutes:
         for name, value in request.headers.items():
             if name == "content-type":
                 environ["CONTENT_TYPE"] = value
-            elif name != "content-length":
+            elif name not in ("content-length", "upgrade"):  # no WebSockets: plain HTTP
                 environ["HTTP_" + name.upper().replace("-", "_")] = value
         loop = asyncio.get_running_loop()
         status, headers, out = await loop.run_in_executor(self.threads, _call_wsgi, self.app,
