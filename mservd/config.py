@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import re
+import reprlib
 import types
 import typing
 import urllib.parse
@@ -961,24 +962,29 @@ def load(
     values: dict[str, Any] = {}
     problems: list[str] = []
 
-    def apply(f: dataclasses.Field[Any], convert: Convert, raw: Any, source: str) -> None:
+    def apply(f: dataclasses.Field[Any], convert: Convert, raw: Any, source: str,
+              secret: bool = False) -> None:
         try:
             values[f.name] = convert(raw)
         except ValueError as exc:
             where = f.metadata["key"] + (f" (from {source})" if source else "")
             lines = exc.problems if isinstance(exc, _Problems) else [str(exc)]
+            if secret:  # the message would show it
+                lines = ["the value is not valid for this key"]
             problems.extend(f"{where}: {line}" for line in lines)
 
     path: str | None = None
     extra: dict[str, str] = {}
     if config_file is not None:
         path = os.fspath(config_file)
-        for key, raw in _read_properties(path, problems).items():
-            raw = _with_variables(key, raw, environ, problems)
+        for key, written in _read_properties(path, problems).items():
+            raw = _with_variables(key, written, environ, problems)
             if raw is None:  # a variable it names is not set: reported
                 continue
             if key in by_key:
-                apply(*by_key[key], raw, "")
+                # a value from the environment may be a secret: a problem does not show it
+                secret = raw != written
+                apply(*by_key[key], raw, f"{written}, not shown" if secret else "", secret)
             else:
                 extra[key] = raw
         for key in sorted(extra.keys() & TORCHSERVE_PROPERTIES_NOT_APPLIED.keys()):
@@ -1264,8 +1270,9 @@ def read_model_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
             data = yaml.safe_load(stream)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([f"{name!r} cannot be read: {exc}"], title=title) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{name!r} is not valid YAML: {exc}"], title=title) from None
+    except (yaml.YAMLError, RecursionError) as exc:  # nested past Python's stack too
+        raise ConfigError([f"{name!r} is not valid YAML: {str(exc)[:300]}"],
+                          title=title) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -1276,6 +1283,13 @@ def read_model_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 METRIC_TYPES = ("counter", "gauge", "histogram")
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 2, 60, 60
+
+
+def _short(value: Any) -> str:
+    """A bounded repr for messages: a file's value may be a huge structure (YAML aliases)."""
+    return _SHORT.repr(value)
 
 
 def read_model_metrics(path: str) -> list[dict[str, Any]]:
@@ -1287,8 +1301,8 @@ def read_model_metrics(path: str) -> list[dict[str, Any]]:
     try:
         with open(path, encoding="utf-8") as stream:
             data = yaml.safe_load(stream) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path!r} cannot be read as YAML: {exc}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
+        raise ValueError(f"{path!r} cannot be read as YAML: {str(exc)[:300]}") from None
     section = data.get("model_metrics") if isinstance(data, dict) else None
     if section is None:
         return []
@@ -1298,14 +1312,18 @@ def read_model_metrics(path: str) -> list[dict[str, Any]]:
     declared = []
     for kind, metrics in section.items():
         if kind not in METRIC_TYPES or not isinstance(metrics, list):
-            raise ValueError(f"{path!r}: model_metrics.{kind} must be one of "
+            raise ValueError(f"{path!r}: model_metrics.{str(kind)[:60]} must be one of "
                              f"{', '.join(METRIC_TYPES)}, with a list of metrics")
         for metric in metrics:
+            # names only, checked before anything is printed: YAML's aliases make a small
+            # file a huge structure once written out
+            names = (metric.get("dimensions") or []) if isinstance(metric, dict) else None
             if (not isinstance(metric, dict) or not isinstance(metric.get("name"), str)
-                    or not isinstance(metric.get("dimensions", []), list)):
-                raise ValueError(f"{path!r}: model_metrics.{kind} has {metric!r}; each metric "
-                                 "is {name, unit, dimensions: [names]}")
-            declared.append({"name": metric["name"], "unit": str(metric.get("unit", "")),
-                             "dimensions": [str(d) for d in metric.get("dimensions") or []],
-                             "type": kind})
+                    or not isinstance(metric.get("unit", ""), str)
+                    or not isinstance(names, list)
+                    or not all(isinstance(n, str) for n in names)):
+                raise ValueError(f"{path!r}: model_metrics.{kind} has {_short(metric)}; "
+                                 "each metric is {name, unit, dimensions: [names]}, strings")
+            declared.append({"name": metric["name"], "unit": metric.get("unit", ""),
+                             "dimensions": list(names), "type": kind})
     return declared

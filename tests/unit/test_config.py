@@ -660,6 +660,10 @@ def test_dollar_dollar_names_in_config_values_are_environment_variables_as_in_to
         config.load(properties, env={})
     assert err.value.problems == ["job_queue_size: the environment variable QUEUE (in $$QUEUE$$) "
                                   "is not set"]
+    with pytest.raises(ConfigError) as err:  # a value from the environment is not shown
+        config.load(properties, env={"QUEUE": "hunter2"})
+    assert err.value.problems == ["job_queue_size (from $$QUEUE$$, not shown): the value is "
+                                  "not valid for this key"]
 
 
 def test_torchserve_properties_mservd_does_not_apply_are_named_in_a_warning(
@@ -672,3 +676,22 @@ def test_torchserve_properties_mservd_does_not_apply_are_named_in_a_warning(
     warned = sorted(r.getMessage().split(" ")[0] for r in caplog.records)
     assert warned == ["number_of_netty_threads", "service_envelope"]
     assert all("is not applied by mservd" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("model_metrics: " + "[" * 100_000, "cannot be read as YAML"),
+    # a billion laughs: small as a file, gigabytes once written out; refused unprinted
+    ("a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+     + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n"
+               for p, c in zip("abcdefgh", "bcdefghi"))
+     + "model_metrics:\n  gauge:\n    - {name: M, dimensions: *i}\n", "strings"),
+    ("model_metrics:\n  gauge:\n    - {name: M, unit: [1, 2]}\n", "strings"),
+])
+def test_a_hostile_metrics_config_is_refused_cleanly(tmp_path, text, says) -> None:
+    from mservd.config import read_model_metrics
+
+    path = tmp_path / "metrics.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=says) as err:
+        read_model_metrics(str(path))
+    assert len(str(err.value)) < 1000
