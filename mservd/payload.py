@@ -122,9 +122,10 @@ def _multipart_fields(content_type: str, body: bytes) -> list[tuple[str, str | N
         decoder.receive_data(None)
         while not isinstance(event := decoder.next_event(), Epilogue):
             if isinstance(event, (Field, File)):
-                kind = event.headers.get("content-type") if isinstance(event, File) else None
-                out.append((event.name, kind or (None if isinstance(event, Field)
-                                                 else "application/octet-stream"), b""))
+                # a file part with its content type; a plain field with none, as TorchServe
+                kind = (event.headers.get("content-type", "application/octet-stream")
+                        if isinstance(event, File) else None)
+                out.append((event.name, kind, b""))
                 parts = []
             elif isinstance(event, Data):
                 parts.append(event.data)
