@@ -23,7 +23,6 @@ import logging
 import math
 import os
 import re
-import reprlib
 import types
 import typing
 import urllib.parse
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from mservd.errors import short_repr
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def to_int(value: Any) -> int:
         digits = value.strip()
         number = int(digits) if len(digits) <= 20 else INT_LIMIT + 1
     if number is None:
-        raise ValueError(f"{str(value)[:40]!r} is not an integer")
+        raise ValueError(f"{short_repr(value)} is not an integer")
     if abs(number) > INT_LIMIT:
         raise ValueError(f"an integer of at most {INT_LIMIT} is needed; this one is larger")
     return number
@@ -102,7 +103,7 @@ def _to_float(value: Any) -> float:
         except ValueError:
             pass
     if result is None or not math.isfinite(result):
-        raise ValueError(f"{str(value)[:40]!r} is not a number")
+        raise ValueError(f"{short_repr(value)} is not a number")
     return result
 
 
@@ -112,7 +113,7 @@ def to_bool(value: Any) -> bool:
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    raise ValueError(f"{value!r} is not a boolean (use true or false)")
+    raise ValueError(f"{short_repr(value)} is not a boolean (use true or false)")
 
 
 def _to_str(value: Any) -> str:
@@ -120,7 +121,7 @@ def _to_str(value: Any) -> str:
         value = os.fspath(value)
     if isinstance(value, str):
         return value.strip()
-    raise ValueError(f"{value!r} is not a string")
+    raise ValueError(f"{short_repr(value)} is not a string")
 
 
 def _to_str_tuple(value: Any) -> tuple[str, ...]:
@@ -130,7 +131,7 @@ def _to_str_tuple(value: Any) -> tuple[str, ...]:
     elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         items = list(value)
     else:
-        raise ValueError(f"{value!r} is not a comma-separated list")
+        raise ValueError(f"{short_repr(value)} is not a comma-separated list")
     return tuple(item.strip() for item in items if item.strip())
 
 
@@ -185,7 +186,7 @@ def _converter_for(hint: Any) -> Convert:
 def _at_least(minimum: float) -> Convert:
     def at_least(value: Any) -> Any:
         if value is not None and value < minimum:
-            raise ValueError(f"{value!r} must be >= {minimum}")
+            raise ValueError(f"{short_repr(value)} must be >= {minimum}")
         return value
 
     return at_least
@@ -194,7 +195,7 @@ def _at_least(minimum: float) -> Convert:
 def _above(minimum: float) -> Convert:
     def above(value: Any) -> Any:
         if value is not None and value <= minimum:
-            raise ValueError(f"{value!r} must be > {minimum}")
+            raise ValueError(f"{short_repr(value)} must be > {minimum}")
         return value
 
     return above
@@ -203,7 +204,7 @@ def _above(minimum: float) -> Convert:
 def _between(low: float, high: float) -> Convert:
     def between(value: Any) -> Any:
         if value is not None and not low <= value <= high:
-            raise ValueError(f"{value!r} must be from {low} to {high}")
+            raise ValueError(f"{short_repr(value)} must be from {low} to {high}")
         return value
 
     return between
@@ -211,7 +212,7 @@ def _between(low: float, high: float) -> Convert:
 
 def _port(value: int) -> int:
     if not 0 <= value <= 65535:
-        raise ValueError(f"{value!r} is not a port (0-65535; 0 picks a free port)")
+        raise ValueError(f"{short_repr(value)} is not a port (0-65535; 0 picks a free port)")
     return value
 
 
@@ -219,7 +220,7 @@ def _one_of(*choices: str, upper: bool = False) -> Convert:
     def one_of(value: str) -> str:
         normal = value.upper() if upper else value.lower()
         if normal not in choices:
-            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+            raise ValueError(f"{short_repr(value)} is not one of {', '.join(choices)}")
         return normal
 
     return one_of
@@ -1066,19 +1067,19 @@ class ModelSettings:
 def _device_type(value: Any) -> str:
     if isinstance(value, str) and value.strip().lower() in ("cpu", "gpu"):
         return value.strip().lower()
-    raise ValueError(f"{value!r} is not cpu or gpu")
+    raise ValueError(f"{short_repr(value)} is not cpu or gpu")
 
 
 def _device_ids(value: Any) -> tuple[int, ...]:
     items = [s for s in value.split(",") if s.strip()] if isinstance(value, str) else value
-    bad = f"{value!r} is not a list of GPU ids"
+    bad = f"{short_repr(value)} is not a list of GPU ids"
     if isinstance(items, (list, tuple)):
         try:
             ids = tuple(to_int(item) for item in items)
         except ValueError:
             raise ValueError(bad) from None
         if any(i < 0 for i in ids):
-            raise ValueError(f"{value!r} has a negative GPU id")
+            raise ValueError(f"{short_repr(value)} has a negative GPU id")
         return ids
     raise ValueError(bad)
 
@@ -1261,13 +1262,18 @@ def resolve_model_settings(
 def read_model_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """An archive's model-config.yaml as a dict (empty file → ``{}``).
 
-    :raises ConfigError: the file cannot be read, is not YAML, or is not a mapping.
+    :raises ConfigError: the file cannot be read, is not YAML, is not a mapping, or is past
+        ``MODEL_YAML_MAX_BYTES`` or ``MODEL_YAML_MAX_VALUES``.
     """
     name = os.fspath(path)
     title = "Invalid model-config.yaml"
     try:
         with open(name, encoding="utf-8") as stream:
-            data = yaml.safe_load(stream)
+            text = stream.read(MODEL_YAML_MAX_BYTES + 1)
+        if len(text.encode()) > MODEL_YAML_MAX_BYTES:
+            raise ConfigError([f"{name!r} is larger than {MODEL_YAML_MAX_BYTES} bytes"],
+                              title=title)
+        data = yaml.load(text, Loader=_SAFE_LOADER)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([f"{name!r} cannot be read: {exc}"], title=title) from None
     except (yaml.YAMLError, RecursionError) as exc:  # nested past Python's stack too
@@ -1279,19 +1285,41 @@ def read_model_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         kind = type(data).__name__
         problem = f"{name!r} must be a mapping of keys to values, got {kind}"
         raise ConfigError([problem], title=title)
+    if _expands_past(data, MODEL_YAML_MAX_VALUES):
+        problem = (f"{name!r} holds more than {MODEL_YAML_MAX_VALUES} values once its YAML "
+                   "aliases are expanded")
+        raise ConfigError([problem], title=title)
     return data
 
 
+# A model-config.yaml travels to every worker as JSON, aliases expanded: a "billion laughs" of
+# a few hundred bytes would be gigabytes there, so a file past this many values is refused.
+MODEL_YAML_MAX_VALUES = 100_000
+# TorchServe's are a few hundred bytes; a larger one is a handler's data, which belongs in the
+# archive's extra files. Parsing takes about 0.25 s per MiB with libyaml, 2 s without.
+MODEL_YAML_MAX_BYTES = 1 << 20
+# libyaml's safe loader where PyYAML was built with it: the same documents, ten times faster
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _expands_past(data: Any, limit: int) -> bool:
+    """Whether ``data`` has more than ``limit`` values, counting a shared value (a YAML alias)
+    once per place it appears; stops counting at the limit."""
+    pending, seen = [data], 0
+    while pending:
+        value = pending.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        if isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+    return False
+
+
 METRIC_TYPES = ("counter", "gauge", "histogram")
-_SHORT = reprlib.Repr()
-_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 2, 60, 60
-
-
-def _short(value: Any) -> str:
-    """A bounded repr for messages: a file's value may be a huge structure (YAML aliases)."""
-    return _SHORT.repr(value)
-
-
 def read_model_metrics(path: str) -> list[dict[str, Any]]:
     """The ``model_metrics`` of a TorchServe metrics.yaml, one ``{name, unit, dimensions,
     type}`` per metric (its ``ts_metrics``, the frontend's, are TorchServe's own and unused).
@@ -1322,7 +1350,7 @@ def read_model_metrics(path: str) -> list[dict[str, Any]]:
                     or not isinstance(metric.get("unit", ""), str)
                     or not isinstance(names, list)
                     or not all(isinstance(n, str) for n in names)):
-                raise ValueError(f"{path!r}: model_metrics.{kind} has {_short(metric)}; "
+                raise ValueError(f"{path!r}: model_metrics.{kind} has {short_repr(metric)}; "
                                  "each metric is {name, unit, dimensions: [names]}, strings")
             declared.append({"name": metric["name"], "unit": metric.get("unit", ""),
                              "dimensions": list(names), "type": kind})

@@ -7,6 +7,7 @@ place, and they cross process boundaries as ``(status, type, message)`` only.
 from __future__ import annotations
 
 import json
+import reprlib
 
 
 class MservdError(Exception):
@@ -27,6 +28,16 @@ class MservdError(Exception):
 def error_body(status: int, type_: str, message: str) -> bytes:
     """The JSON every error answer carries: ``{"code", "type", "message"}``."""
     return json.dumps({"code": status, "type": type_, "message": message}).encode()
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 2, 60, 60
+
+
+def short_repr(value: object) -> str:
+    """A bounded repr for messages. A value read from a file or a request may be a huge
+    structure (a YAML alias bomb is gigabytes as text), so a message never prints it whole."""
+    return _SHORT.repr(value)
 
 
 def error_message(body: bytes) -> str:

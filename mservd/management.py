@@ -113,6 +113,14 @@ class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+def _unpack_archive(path: Path, dest: Path,
+                    limits: UnpackLimits) -> tuple[archiver.Manifest, dict[str, Any]]:
+    """Unpack an archive and read its model-config.yaml: both off the controller's loop."""
+    manifest = archiver.unpack(path, dest, limits)
+    model_yaml = read_model_yaml(dest / manifest.config_file) if manifest.config_file else {}
+    return manifest, model_yaml
+
+
 def _flag(value: Any, default: bool) -> bool:
     if value is None or value == "":
         return default
@@ -201,16 +209,13 @@ class Management:
                 return
             ctl.loading.add(key)
             dest = ctl.run_dir / "models" / name / f"{version}-{uuid.uuid4().hex[:8]}"
-            ctl.submit(archiver.unpack, lambda f: after_unpack(f, name, version, dest),
+            ctl.submit(_unpack_archive, lambda f: after_unpack(f, name, version, dest),
                        path, dest, self.limits)
 
         def after_unpack(future: Future, name: str, version: str, dest: Path) -> None:
             ctl.loading.discard((name, version))
             try:
-                manifest = future.result()
-                model_yaml = {}
-                if manifest.config_file:
-                    model_yaml = read_model_yaml(dest / manifest.config_file)
+                manifest, model_yaml = future.result()
             except (ArchiveError, ConfigError, OSError) as exc:
                 shutil.rmtree(dest, ignore_errors=True)
                 respond(Reply.error(BadRequest(str(exc))))

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mservd.errors import short_repr
 from mservd.v2.codec import DATATYPES, V2Error
 
 DEFAULT_PLATFORM = "pytorch"
@@ -55,8 +56,11 @@ def from_model_yaml(model_yaml: dict[str, Any] | None) -> ModelMetadata:
         return ModelMetadata()
     if not isinstance(section, dict):
         raise V2Error("model-config.yaml 'v2' must be a mapping with inputs and outputs.")
+    platform = section.get("platform") or DEFAULT_PLATFORM
+    if not isinstance(platform, str):
+        raise V2Error(f"model-config.yaml v2.platform {short_repr(platform)} is not a string.")
     return ModelMetadata(
-        platform=str(section.get("platform") or DEFAULT_PLATFORM),
+        platform=platform,
         inputs=_specs(section.get("inputs"), "inputs"),
         outputs=_specs(section.get("outputs"), "outputs"),
     )
@@ -71,14 +75,18 @@ def _specs(items: Any, where: str) -> list[TensorSpec]:
     out = []
     for item in items:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise V2Error(f"model-config.yaml v2.{where} entry {item!r} has no name.")
-        datatype = str(item.get("datatype", "")).upper()
+            raise V2Error(f"model-config.yaml v2.{where} entry {short_repr(item)} has no name.")
+        name = short_repr(item["name"])
+        datatype = item.get("datatype", "")
+        datatype = datatype.upper() if isinstance(datatype, str) else ""
         if datatype not in DATATYPES:
-            raise V2Error(f"model-config.yaml v2.{where} entry {item['name']!r} has datatype "
-                          f"{item.get('datatype')!r}; use one of {', '.join(DATATYPES)}.")
+            raise V2Error(f"model-config.yaml v2.{where} entry {name} has datatype "
+                          f"{short_repr(item.get('datatype'))}; use one of "
+                          f"{', '.join(DATATYPES)}.")
         shape = item.get("shape", [-1])
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= -1 for d in shape):
-            raise V2Error(f"model-config.yaml v2.{where} entry {item['name']!r} has shape "
-                          f"{shape!r}; use a list of integers, -1 for a variable dimension.")
+            raise V2Error(f"model-config.yaml v2.{where} entry {name} has shape "
+                          f"{short_repr(shape)}; use a list of integers, -1 for a variable "
+                          "dimension.")
         out.append(TensorSpec(item["name"], datatype, list(shape)))
     return out

@@ -61,6 +61,14 @@ def _write_hostile_archives(store: Path) -> None:
     with zipfile.ZipFile(store / "big.mar", "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("MAR-INF/MANIFEST.json", MANIFEST)
         z.writestr("weights.bin", b"\0" * 5_000_000)
+    with zipfile.ZipFile(store / "yamlbomb.mar", "w") as z:  # "billion laughs", 43 M strings
+        z.writestr("MAR-INF/MANIFEST.json", json.dumps(
+            {"runtime": "python", "model": {"modelName": "evil", "modelVersion": "1.0",
+                                            "handler": "h.py", "configFile": "config.yaml"}}))
+        z.writestr("h.py", "")
+        z.writestr("config.yaml", "".join(
+            f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9) if n else 'lol'}]\n"
+            for n in range(9)) + "minWorkers: *l8\n")
     with tarfile.open(store / "tarlink.tar.gz", "w:gz") as t:
         data = MANIFEST.encode()
         info = tarfile.TarInfo("MAR-INF/MANIFEST.json")
@@ -114,6 +122,7 @@ def test_key_file_is_private(daemon) -> None:
     ("tarlink.tar.gz", "link"),
     ("paxbomb.tar.gz", "pax header of 67108864 bytes"),
     ("big.mar", "max"),
+    ("yamlbomb.mar", "values once its yaml aliases are expanded"),
     ("/etc/passwd", "outside the model store"),
     ("../echo.mar", "'..' is not allowed"),
     ("http://127.0.0.1:1/evil.mar", "is not allowed"),

@@ -592,6 +592,49 @@ def test_read_model_yaml_rejects_bad_yaml(tmp_path: Path) -> None:
         config.read_model_yaml(path)
 
 
+# nine levels of nine: 43 million "lol"s once expanded, from a file of a few hundred bytes
+_LAUGHS = "".join(
+    f"l{level}: &l{level} [{', '.join([f'*l{level - 1}'] * 9) if level else 'lol'}]\n"
+    for level in range(9))
+
+
+def test_read_model_yaml_refuses_a_yaml_alias_bomb_without_expanding_it(tmp_path: Path) -> None:
+    path = tmp_path / "model-config.yaml"
+    path.write_text(_LAUGHS + "batchSize: 4\n")
+    with pytest.raises(ConfigError) as info:
+        config.read_model_yaml(path)
+    assert info.value.problems == [
+        f"{str(path)!r} holds more than 100000 values once its YAML aliases are expanded"]
+
+
+def test_read_model_yaml_refuses_a_file_over_a_mebibyte_before_parsing_it(
+        tmp_path: Path) -> None:
+    path = tmp_path / "model-config.yaml"
+    path.write_text("labels:\n" + "  - a_label_of_some_length\n" * 50_000)
+    with pytest.raises(ConfigError) as info:
+        config.read_model_yaml(path)
+    assert info.value.problems == [f"{str(path)!r} is larger than 1048576 bytes"]
+
+
+def test_read_model_yaml_keeps_aliases_that_stay_small(tmp_path: Path) -> None:
+    path = tmp_path / "model-config.yaml"
+    path.write_text("labels: &labels [cat, dog]\nhandler: {classes: *labels}\n")
+    assert config.read_model_yaml(path)["handler"] == {"classes": ["cat", "dog"]}
+
+
+@pytest.mark.parametrize("key", ["batchSize", "maxBatchDelay", "deviceType", "deviceIds",
+                                 "continuousBatching", "maxLatencyMs"])
+def test_a_huge_model_config_value_is_named_in_a_bounded_message(key) -> None:
+    """A value that is a huge structure (YAML aliases) is printed shortened, never whole."""
+    laughs = ["lol"] * 9
+    for _ in range(8):
+        laughs = [laughs] * 9  # shared, as a YAML alias makes it: 43 million strings as text
+    with pytest.raises(ConfigError) as info:
+        config.resolve_model_settings(config.Settings(), "m", "1.0", model_yaml={key: laughs})
+    (problem,) = info.value.problems
+    assert problem.startswith(f"model-config.yaml {key}: [[[") and len(problem) < 400
+
+
 def test_load_reads_models_from_a_kserve_model_snapshot(tmp_path) -> None:
     path = tmp_path / "config.properties"
     path.write_text(

@@ -113,3 +113,18 @@ def test_v2_metadata_from_model_yaml_and_its_errors() -> None:
     with pytest.raises(V2Error, match="datatype 'F32'"):
         from_model_yaml({"v2": {"outputs": [{"name": "y", "datatype": "F32"}]}})
     assert set(DATATYPES) >= {"BOOL", "BF16", "BYTES", "UINT64"}
+
+
+def test_v2_metadata_errors_print_a_huge_entry_shortened() -> None:
+    """A v2 entry that is a huge structure (YAML aliases) is named in a bounded message."""
+    huge = ["x"] * 9
+    for _ in range(8):
+        huge = [huge] * 9
+    for entry in ({"name": "y", "datatype": huge}, {"name": "y", "datatype": "FP32",
+                                                     "shape": huge}, {"name": huge}):
+        with pytest.raises(V2Error) as info:
+            from_model_yaml({"v2": {"outputs": [entry]}})
+        assert "model-config.yaml v2.outputs entry" in str(info.value)
+        assert len(str(info.value)) < 600
+    with pytest.raises(V2Error, match=r"v2.platform \[\[\["):
+        from_model_yaml({"v2": {"platform": huge}})
