@@ -769,6 +769,23 @@ class Settings:
         default="plain",
         metadata=_meta("log_format", "plain or json log lines.", _one_of("plain", "json")),
     )
+    log_max_bytes: int = field(
+        default=100 * 1024 * 1024,
+        metadata=_meta(
+            "log_max_bytes",
+            "A log file past this size is copied to <name>.1 and emptied (0: never), as "
+            "TorchServe's log4j2 rolls its logs at 100 MB.",
+            _at_least(0),
+        ),
+    )
+    log_backup_count: int = field(
+        default=5,
+        metadata=_meta(
+            "log_backup_count",
+            "Rotated copies kept of each log file (<name>.1 the newest).",
+            _at_least(0),
+        ),
+    )
     models: Mapping[str, Any] = field(
         default_factory=dict,
         metadata=_meta(

@@ -27,6 +27,7 @@ from mservd.config import Settings, parse_address
 from mservd.environment import hide_own_environment
 from mservd.frontends.processes import Frontends
 from mservd.log_format import formatter
+from mservd.log_rotation import LogRotation
 from mservd.model_folder import is_model_folder
 from mservd.supervisor import detect_gpus
 from mservd.zygote import Zygote
@@ -155,6 +156,7 @@ class Daemon:
             raise StartError(f"mservd is already running (pid {pid}) with log folder "
                              f"{str(self.log_dir)!r}. Stop it with 'mservd stop' first.")
         configure_logging(settings, self.log_dir, to_stderr)
+        rotation = LogRotation(self.log_dir, settings.log_max_bytes, settings.log_backup_count)
         if settings.model_store and not Path(settings.model_store).is_dir():
             raise StartError(f"Model store {settings.model_store!r} is not a directory.")
         try:  # a certificate that cannot serve fails the start, not each handshake
@@ -201,6 +203,7 @@ class Daemon:
                                                lambda kind: restarts.labels(kind).inc())
         try:
             frontends.start()
+            rotation.start()
             controller.on_stopped = frontends.stop
             registrations, defaults = self.startup_registrations()
             controller.startup_pending = len(registrations)
@@ -251,6 +254,7 @@ class Daemon:
             gc.freeze()  # what start-up made lives on: full collections skip it
             controller.run(lambda: self.stop_signal, frontends.alive, self.watch_frontends)
         finally:
+            rotation.stop()
             frontends.stop()
             frontends.wait(timeout=settings.drain_timeout + 5)
             controller.close()

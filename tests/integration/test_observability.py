@@ -6,6 +6,7 @@ import json
 import re
 
 import psutil
+import requests
 
 from conftest import wait_until
 
@@ -148,6 +149,30 @@ def test_log_format_json_makes_every_process_log_json(daemon_factory) -> None:
     assert printed["logger"] == "handler" and printed["level"] == "INFO"
     assert printed["requests"] == [rid]
     assert printed["message"].startswith(f"echo handled {rid}:")
+
+
+def test_logs_past_log_max_bytes_are_rotated_while_their_writers_keep_writing(
+        daemon_factory) -> None:
+    """A stream of strangers' requests (401s) cannot fill the disk through the access log."""
+    daemon = daemon_factory({"load_models": "echo.mar", "log_max_bytes": 20_000,
+                             "log_backup_count": 2})
+    logs = daemon.log_dir
+    with requests.Session() as session:
+        def refused_until_rotated() -> bool:
+            for _ in range(100):  # ~100 bytes of access log each
+                answer = session.post(daemon.url("inference", "/predictions/echo"), json={},
+                                      headers={"Authorization": "Bearer wrong"}, timeout=10)
+                assert answer.status_code == 401
+            return (logs / "access_log.log.2").exists()
+
+        wait_until(refused_until_rotated, timeout=60, what="access_log.log to rotate twice")
+    assert not (logs / "access_log.log.3").exists()  # two copies kept
+    assert (logs / "access_log.log.1").stat().st_size > 20_000
+    # the HTTP workers hold the file open: their next lines land in the emptied file
+    rid = daemon.predict("echo", json={"after": "rotation"}).headers["x-request-id"]
+    daemon.wait_for_log("access_log.log", rid)
+    assert (logs / "access_log.log").stat().st_size < 20_000 + 100 * 200
+    assert "rotated access_log.log" in daemon.read_log("mservd.log")
 
 
 def test_enable_metrics_api_false_serves_no_metrics_port(daemon_factory) -> None:
