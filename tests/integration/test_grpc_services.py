@@ -4,6 +4,7 @@ InferenceAPIsService / ManagementAPIsService with stubs generated from TorchServ
 from __future__ import annotations
 
 import json
+import time
 
 import grpc
 import numpy as np
@@ -174,6 +175,29 @@ def test_a_call_that_is_no_protobuf_is_invalid_argument_with_one_log_line_and_no
         b"", timeout=30) == b"\x08\x01"  # ServerLiveResponse(live=True): still served
     inference.close()
     management.close()
+
+
+def test_a_flood_of_calls_that_are_no_protobuf_logs_ten_lines_per_ten_seconds(daemon) -> None:
+    """A stranger cannot bury grpc.log: the lines are capped, and the cap says what it held."""
+    channel = grpc.insecure_channel(daemon.grpc_address("inference"))
+    live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive",
+                               request_serializer=lambda raw: raw,
+                               response_deserializer=lambda raw: raw)
+    time.sleep(10.5)  # any window of the throttle an earlier test opened is over
+    mark = daemon.log_end("grpc.log")
+    started = time.monotonic()
+    for _ in range(40):
+        with pytest.raises(grpc.RpcError) as err:
+            live(b"\xff\x01", timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # each is still answered
+    assert time.monotonic() - started < 10  # all in one window
+    time.sleep(max(0.0, started + 10.5 - time.monotonic()))
+    with pytest.raises(grpc.RpcError):
+        live(b"\xff\x01", timeout=30)
+    daemon.wait_for_log("grpc.log", "(and 30 more like this in the 10 s before, not logged)",
+                        since=mark)
+    assert daemon.read_log("grpc.log", mark).count("that is no protobuf message") == 11
+    channel.close()
 
 
 def test_torchserve_grpc_ping_predictions_and_management(daemon) -> None:

@@ -9,14 +9,15 @@ runs: the client learns what was wrong with its call, and the log gets one WARNI
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
-log = logging.getLogger("mservd.frontends.grpc")
+from mservd.log_throttle import throttled
+
+log = throttled("mservd.frontends.grpc")  # a stranger's calls: lines capped per message
 
 
 class Undecodable:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
-import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -40,10 +39,11 @@ from mservd.frontends.http.request import (
     origin_path,
     relay,
 )
+from mservd.log_throttle import throttled
 from mservd.protocol import Reply
 from mservd.specs import HttpFrontendSpec
 
-log = logging.getLogger("mservd.frontends.http")
+log = throttled("mservd.frontends.http")
 
 ACCESS_FLUSH = 0.1  # seconds between writes of the access log's buffered lines
 AUTHORIZE_TIMEOUT = 10.0  # seconds for the controller's check of a token

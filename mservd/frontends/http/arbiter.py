@@ -24,7 +24,6 @@ version is pinned below 28 (``tests/unit/test_http_arbiter.py`` checks what it r
 from __future__ import annotations
 
 import gc
-import logging
 import signal
 import sys
 import time
@@ -41,10 +40,11 @@ from gunicorn.workers.gasgi import ASGIWorker
 from mservd.errors import error_body
 from mservd.lifeline import die_with_parent
 from mservd.log_format import formatter, log_to_stderr
+from mservd.log_throttle import throttled
 from mservd.specs import HttpFrontendSpec
 from mservd.tls import server_context
 
-log = logging.getLogger("mservd.frontends.http")
+log = throttled("mservd.frontends.http")  # strangers can make it log: lines capped
 
 LOG_FORMAT = "plain"  # set by main(): gunicorn's own lines in mservd's format
 ERROR_TYPES = {400: "BadRequestException", 408: "RequestTimeout", 414: "URITooLong",
