@@ -339,13 +339,14 @@ class BatchShapeError(Exception):
 
 
 def _describe_failure(exc: BaseException) -> tuple[int, str, str]:
-    """Status, type and message of a failed batch: the handler's own code when it gave one."""
+    """Status, type and message of a failed batch: the handler's own code when it gave one,
+    typed ``InternalServerException`` as TorchServe types every error its handlers raise."""
     message = getattr(exc, "message", None) or str(exc)
     code = getattr(exc, "error_code", None)
     if isinstance(exc, BatchShapeError):
         return 500, "InternalServerException", message
     if isinstance(code, int) and 400 <= code <= 599:
-        return code, type(exc).__name__, message
+        return code, "InternalServerException", message
     if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():
         return 507, "OutOfMemory", f"{type(exc).__name__}: {message}"
     return 500, "InternalServerException", f"{type(exc).__name__}: {message}"

@@ -293,11 +293,12 @@ def test_a_path_past_the_version_reaches_the_handler_as_url_path_and_get_predict
     assert got.status_code == 200 and got.json()["model"] == "func", got.text
 
 
-def test_prediction_exception_code_reaches_the_client(ts_daemon: Daemon) -> None:
+def test_prediction_exception_code_reaches_the_client_typed_as_torchserve_types_it(
+        ts_daemon: Daemon) -> None:
     answer = ts_daemon.predict("func", json={"please": "teapot"})
     assert answer.status_code == 418, answer.text
-    assert answer.json()["message"] == "I am a teapot, not a model"
-    assert answer.json()["code"] == 418
+    assert answer.json() == {"code": 418, "type": "InternalServerException",
+                             "message": "I am a teapot, not a model"}
     # the worker lives on
     assert ts_daemon.predict("func", json={"say": "again"}).status_code == 200
 
