@@ -1337,6 +1337,8 @@ def _expands_past(data: Any, limit: int) -> bool:
 
 
 METRIC_TYPES = ("counter", "gauge", "histogram")
+
+
 def read_model_metrics(path: str) -> list[dict[str, Any]]:
     """The ``model_metrics`` of a TorchServe metrics.yaml, one ``{name, unit, dimensions,
     type}`` per metric (its ``ts_metrics``, the frontend's, are TorchServe's own and unused).
