@@ -38,6 +38,7 @@ TS_ALIASES = {
     "ts.protocol.otf_message_handler": "handlers.streaming",
     "ts.metrics.metric_type_enum": "handlers.metrics",
     "ts.metrics.dimension": "handlers.metrics",
+    "ts.torch_handler.unit_tests.test_utils.mock_context": "handlers.mock_context",
 }
 
 

@@ -109,3 +109,48 @@ def test_map_class_to_label_keeps_values_as_given_as_torchserve_does() -> None:
     assert boxes == [{"cat": [1.0, 2.0, 3.0, 4.0]}]
     assert map_class_to_label([[0.25, 0.75]]) == [{"0": 0.25, "1": 0.75}]
     assert map_class_to_label([[0.5]], {"2": "dog"}, [[2.0]]) == [{"dog": 0.5}]
+
+
+def test_a_torchserve_handler_unit_test_with_mock_context_runs_unchanged(tmp_path: Path) -> None:
+    """TorchServe's MockContext, as its users' handler tests build it: model.py and a state
+    dict in model_dir, a BaseHandler subclass initialised and run on a batch by hand."""
+    (tmp_path / "model.py").write_text(textwrap.dedent("""
+        import torch
+
+        class Doubler(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+            def forward(self, x):
+                return x * self.scale
+        """))
+    (tmp_path / "model-config.yaml").write_text("handler: {threshold: 3}\n")
+    test = textwrap.dedent(f"""
+        import torch
+        from handlers.ts_compat import install_ts_aliases
+        install_ts_aliases()  # the one line a user's conftest.py adds
+
+        from ts.torch_handler.base_handler import BaseHandler
+        from ts.torch_handler.unit_tests.test_utils.mock_context import MockContext
+
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from model import Doubler
+        torch.save(Doubler().state_dict(), {str(tmp_path / "model.pt")!r})
+
+        ctx = MockContext(model_dir={str(tmp_path)!r}, model_name="doubler",
+                          model_yaml_config_file="model-config.yaml")
+        handler = BaseHandler()
+        handler.initialize(ctx)
+        assert ctx.model_yaml_config == {{"handler": {{"threshold": 3}}}}
+        assert ctx.manifest == {{"model": {{"serializedFile": "model.pt",
+                                            "modelFile": "model.py"}}}}
+        print(handler.handle([[1.0, 2.0], [3.0, 4.0]], ctx))
+        ctx.explain = True
+        print(ctx.get_request_header(0, "explain"), ctx.get_request_header(1, "explain"))
+        """)
+    result = subprocess.run([sys.executable, "-c", test], capture_output=True, text=True,
+                            timeout=120, check=False, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["[[2.0, 4.0], [6.0, 8.0]]", "False True"]
