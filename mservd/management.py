@@ -121,6 +121,12 @@ def _unpack_archive(path: Path, dest: Path,
     return manifest, model_yaml
 
 
+def _iso_millis(when: float) -> str:
+    """A UTC time as TorchServe writes a worker's start: ``2023-04-18T00:28:02.086Z``."""
+    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when))
+    return f"{seconds}.{int(when * 1000) % 1000:03d}Z"
+
+
 def _flag(value: Any, default: bool) -> bool:
     if value is None or value == "":
         return default
@@ -499,7 +505,7 @@ class Management:
         for worker in sorted(mv.workers.values(), key=lambda w: int(w.id)):
             workers.append({
                 "id": worker.id,
-                "startTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(worker.started)) + "Z",
+                "startTime": _iso_millis(worker.started),
                 "status": worker.status,
                 "memoryUsage": worker.memory_bytes(),
                 "pid": worker.pid,

@@ -107,6 +107,8 @@ def test_list_models_pages_by_name(daemon) -> None:
 
 
 def test_describe_shows_real_worker_pids_and_settings(daemon) -> None:
+    import datetime
+
     import psutil
 
     answer = daemon.manage("POST", "/models",
@@ -118,6 +120,9 @@ def test_describe_shows_real_worker_pids_and_settings(daemon) -> None:
     assert desc["jobQueueStatus"] == {"remainingCapacity": 100, "pendingRequests": 0}
     for worker in desc["workers"]:
         assert worker["status"] == "READY"
+        started = datetime.datetime.strptime(worker["startTime"], "%Y-%m-%dT%H:%M:%S.%fZ")
+        assert abs(started.replace(tzinfo=datetime.timezone.utc).timestamp()
+                   - psutil.Process(worker["pid"]).create_time()) < 5  # TorchServe's format
         parent = psutil.Process(worker["pid"]).parent()  # a fork of the zygote
         assert "mservd.zygote" in " ".join(parent.cmdline())
         assert worker["memoryUsage"] > 10 * 2**20
