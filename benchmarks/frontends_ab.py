@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     work = build_workloads(store, 8)["tiny"]
     runs: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     for n in range(args.rounds):
-        for label, tree in (("A", args.a), ("B", args.b)):
+        sides = (("A", args.a), ("B", args.b))
+        for label, tree in sides if n % 2 == 0 else sides[::-1]:  # neither always runs first
             system = Checkout(tree.resolve(), label, store, 2, 8, 5)
             load = rounds.load1()
             figures = one_run(system, work, args.seconds)

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     store = args.store.resolve()
     runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     for n in range(args.rounds):
-        for label, tree in (("A", args.a), ("B", args.b)):
+        sides = (("A", args.a), ("B", args.b))
+        for label, tree in sides if n % 2 == 0 else sides[::-1]:  # neither always runs first
             system = Checkout(tree.resolve(), label, store, 2, 8, 5)
             load = rounds.load1()
             figures = one_start(system, args.seconds)
