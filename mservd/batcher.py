@@ -68,9 +68,11 @@ class Batcher(Generic[T]):
         self._queue.appendleft(item)
         self._soonest = None
 
-    def take(self, now: float, any_busy: bool, limit: int | None = None) -> list[T]:
+    def take(self, now: float, any_busy: bool, limit: int | None = None,
+             share: int | None = None) -> list[T]:
         """The batch one idle worker should run now, or ``[]`` to keep waiting; at most
-        ``limit`` requests (a continuous-batching worker's free slots)."""
+        ``limit`` requests (a continuous-batching worker's free slots). ``share`` caps the
+        batch taken, not the one waited for: the worker's share of what the version holds."""
         queue = self._queue
         if not queue:
             return []
@@ -78,6 +80,8 @@ class Batcher(Generic[T]):
         if len(queue) < size and any_busy:
             if now < queue[0].arrived + self.max_batch_delay:
                 return []
+        if share is not None:
+            size = max(1, min(size, share))
         self._soonest = None
         if not any(item.kind for item in queue):  # predictions only: the common case
             return [queue.popleft() for _ in range(min(size, len(queue)))]

@@ -278,10 +278,15 @@ class Scheduler:
         if not idle:
             return []
         any_busy = any(w.id in self.running for w in mv.workers.values())
+        # No batch beyond a worker's share of what the version holds: a lone request sent at
+        # once to one idle worker would otherwise leave the next one all its batch-mates
+        # (resnet18 at c=8: batches of 1 and 7 by turns, where 4 and 4 are due).
+        held = len(mv.batcher) + self.running_requests(mv)
+        share = -(-held // max(mv.live_count(), 1))
         actions: list[Action] = []
         vm = self.metrics.version(mv.key)
         for worker in idle:
-            batch = mv.batcher.take(now, any_busy)
+            batch = mv.batcher.take(now, any_busy, share=share)
             if not batch:
                 break
             counted = batch[0].kind != DESCRIPTION
