@@ -373,6 +373,49 @@ def test_https_addresses_and_grpc_serve_tls_with_torchserves_certificate_keys(
     channel.close()
 
 
+def test_connections_in_their_tls_handshake_count_against_the_cap_and_its_deadline(
+        daemon_factory, tmp_path) -> None:
+    """A stranger's TCP connections that never start (or never finish) a handshake are held
+    within frontend_connections, like plain ones, and closed at the head's deadline."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    cert, key = self_signed_certificate(tmp_path)
+    daemon = daemon_factory({"load_models": "echo.mar",
+                             "inference_address": "https://127.0.0.1:0",
+                             "certificate_file": cert, "private_key_file": key,
+                             "frontend_connections": 20, "frontend_header_timeout": 5})
+    url = urlsplit(daemon.url("inference", "/"))
+
+    def closed_by_server(sock, within: float) -> bool:
+        sock.settimeout(within)
+        try:
+            return sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+        except (TimeoutError, BlockingIOError):
+            return False
+
+    silent = [socket.create_connection((url.hostname, url.port), timeout=10)
+              for _ in range(40)]  # twice the cap, no handshake begun
+    try:
+        time.sleep(1)  # well within the head's deadline
+        closed = [closed_by_server(sock, 0) for sock in silent]
+        assert sum(closed) >= 20, closed  # past the cap: closed before any handshake
+        held = [sock for sock, gone in zip(silent, closed) if not gone]
+        assert all(closed_by_server(sock, 10) for sock in held)  # then at the deadline
+    finally:
+        for sock in silent:
+            sock.close()
+    # a half-sent hello is dropped at the same deadline; a real client is served beside it
+    with socket.create_connection((url.hostname, url.port), timeout=10) as stalled:
+        stalled.sendall(b"\x16\x03\x01\x02\x00")  # a handshake record's header, no body
+        answer = daemon.predict("echo", json={"over": "tls"}, verify=cert)
+        assert answer.status_code == 200 and answer.json()["echo"] == {"over": "tls"}
+        assert closed_by_server(stalled, 10)
+
+
 def test_an_https_address_without_certificate_files_fails_the_start_saying_so(
         tmp_path, store) -> None:
     import subprocess

@@ -14,10 +14,11 @@ closes a connection silent for ``frontend_keepalive`` between requests, discards
 trailers, answers pipelined requests in order, and replaces a worker whose loop stops for
 ``frontend_timeout``. :class:`FrontendProtocol` adds what its ASGI worker lacks: a bound on a
 request's whole head as it arrives (431 past ``limit_request_header_bytes``), a deadline for a
-connection's first request head, a deadline for a client that stops reading, a cap on
-connections per worker counted per port, idle connections closed at once on a stop, a
-WebSocket upgrade request served as plain HTTP (mservd serves no WebSockets), and its refusals
-in mservd's JSON error shape. It reaches into gunicorn's connection class, so the
+connection's first request head (and its TLS handshake), a deadline for a client that stops
+reading, a cap on connections per worker counted per port from the TCP accept, TLS on the
+``https://`` ports alone, idle connections closed at once on a stop, a WebSocket upgrade
+request served as plain HTTP (mservd serves no WebSockets), and its refusals in mservd's JSON
+error shape. It reaches into gunicorn's connection class, so the
 version is pinned below 28 (``tests/unit/test_http_arbiter.py`` checks what it relies on).
 """
 
@@ -47,6 +48,7 @@ from mservd.tls import server_context
 log = throttled("mservd.frontends.http")  # strangers can make it log: lines capped
 
 LOG_FORMAT = "plain"  # set by main(): gunicorn's own lines in mservd's format
+MAX_HELLO_BYTES = 65536  # a TLS ClientHello is a few KiB; its records 16 KiB at most
 ERROR_TYPES = {400: "BadRequestException", 408: "RequestTimeout", 414: "URITooLong",
                431: "RequestHeaderFieldsTooLarge", 501: "NotImplemented"}
 
@@ -60,6 +62,8 @@ class FrontendProtocol(ASGIProtocol):
         self._inference = bool(sockname) and sockname[1] == worker.inference_port
         self._counted = False
         self._deadline = None
+        self._early: list[bytes] | None = None  # a list while a TLS handshake runs
+        self._hello: bytearray | None = None  # raw bytes until the TLS layer takes over
         self._in_head, self._head_bytes = True, 0  # reading a request's head, and its size
         self._heads = 0  # heads read on this connection
         self._tail = b""  # the last bytes of the previous read: a blank line may straddle it
@@ -74,9 +78,55 @@ class FrontendProtocol(ASGIProtocol):
         self._counted = True
         worker.connections[self._inference] += 1
         worker.open.add(self)
-        super().connection_made(transport)
         self._deadline = worker.loop.call_later(worker.header_timeout, self._too_slow,
                                                 "headers", worker.header_timeout)
+        if worker.tls is not None and bool(sockname) and sockname[1] in worker.tls_ports:
+            self._start_tls(transport)
+        else:
+            super().connection_made(transport)
+
+    def _start_tls(self, raw: Any) -> None:
+        """An https:// port's connection: counted against the cap from its TCP accept, so a
+        stalled handshake holds a socket only within the cap, and one past it costs no
+        handshake. The handshake is part of the head's deadline; gunicorn sees the
+        connection once it is over."""
+        self._raw = raw
+        self._early = []  # decrypted bytes that arrive before gunicorn sees the connection
+        # the client's first bytes, read before the TLS layer is in place: uvloop starts
+        # reading once connection_made returns, whatever it asked
+        self._hello = bytearray()
+        self._handshaking = self.worker.loop.create_task(self._handshake(raw))
+
+    async def _handshake(self, raw: Any) -> None:
+        worker: FrontendWorker = self.worker
+        # runs after start_tls has put its TLS layer in place, before it starts the handshake
+        # or reads again: the bytes read meanwhile go to the layer first, in order
+        worker.loop.call_soon(self._hand_over_hello, raw)
+        try:
+            tls = await worker.loop.start_tls(raw, self, worker.tls, server_side=True,
+                                              ssl_handshake_timeout=worker.header_timeout)
+        except Exception as exc:  # a stranger's bytes, a reset, the deadline: the socket goes
+            log.debug("a TLS handshake failed: %r", exc)
+            raw.abort()
+            self.connection_lost(exc)
+            return
+        if not self._counted:  # closed meanwhile (a stop)
+            tls.abort()
+            return
+        early, self._early = self._early, None
+        super().connection_made(tls)
+        for data in early:
+            self.data_received(data)
+
+    def _hand_over_hello(self, raw: Any) -> None:
+        hello, self._hello = self._hello, None
+        layer = raw.get_protocol()
+        while hello and layer is not self:  # asyncio's and uvloop's layer: a BufferedProtocol
+            buffer = layer.get_buffer(len(hello))
+            n = min(len(buffer), len(hello))
+            buffer[:n] = hello[:n]
+            layer.buffer_updated(n)
+            del hello[:n]
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._counted:
@@ -88,7 +138,8 @@ class FrontendProtocol(ASGIProtocol):
         self.worker.connections[self._inference] -= 1
         self.worker.open.discard(self)
         self._cancel_deadline()
-        super().connection_lost(exc)
+        if self._early is None:  # gunicorn saw it
+            super().connection_lost(exc)
 
     async def _serve_http_request(self, request, sockname, peername):
         """A prediction its model's door refuses is answered here, before gunicorn makes a
@@ -129,6 +180,14 @@ class FrontendProtocol(ASGIProtocol):
         """gunicorn bounds each header line as it arrives; this bounds them all together. Of a
         read in which a head ends only the bytes up to its blank line count: the rest are its
         body, or the next request's (bounded from the next read on)."""
+        if self._early is not None:
+            if self._hello is not None:  # raw bytes, read before the TLS layer took over
+                self._hello += data
+                if len(self._hello) > MAX_HELLO_BYTES:
+                    self._raw.abort()
+            else:  # decrypted, before the handshake's task resumed
+                self._early.append(data)
+            return
         in_head, heads, counted = self._in_head, self._heads, self._head_bytes
         tail, self._tail = self._tail, data[-3:]
         super().data_received(data)
@@ -174,10 +233,13 @@ class FrontendProtocol(ASGIProtocol):
             self._deadline = None
 
     def _too_slow(self, what: str, seconds: float) -> None:
-        peer = self.transport.get_extra_info("peername") if self.transport else None
+        transport = self.transport if self._early is None else self._raw
+        peer = transport.get_extra_info("peername") if transport else None
         log.warning("closed the connection of %s: its %s took longer than %.0f s",
                     peer[0] if peer else "-", what, seconds)
-        if what == "headers":
+        if self._early is not None:  # still in its TLS handshake: nothing to answer on
+            self._raw.abort()
+        elif what == "headers":
             self._send_error_response(408, f"The request's headers did not arrive within "
                                            f"{seconds:.0f} s")
             self.close_now()
@@ -186,11 +248,16 @@ class FrontendProtocol(ASGIProtocol):
             self.transport.abort()
 
     def close_now(self) -> None:
+        if self._early is not None:
+            self._raw.abort()
+            return
         self._close_transport()
         self._request_ready.set()  # wakes gunicorn's connection loop to see it closed
 
     def idle(self) -> bool:
         """Between requests: no request read or being answered."""
+        if self._early is not None:
+            return True  # in its TLS handshake
         return bool(self._awaiting_request) and not self._request_ready.is_set()
 
     def _send_error_response(self, status: int, message: str, extra_headers=()) -> None:
@@ -254,13 +321,8 @@ class FrontendWorker(ASGIWorker):
         def our_server(factory: Any, **kwargs: Any) -> Any:
             # gunicorn's worker listens again with asyncio's default backlog of 100
             kwargs["backlog"] = self.cfg.backlog
-            # TLS per address (gunicorn's own applies to every port or none)
-            sock = kwargs.get("sock")
-            if sock is not None and sock.getsockname()[1] in self.tls_ports:
-                kwargs["ssl"] = self.tls
-                # a handshake is part of the head's deadline: a stalled one (asyncio's
-                # default waits 60 s) holds its socket no longer than a silent plain client
-                kwargs["ssl_handshake_timeout"] = self.header_timeout
+            # TLS per address (gunicorn's own applies to every port or none), started by
+            # FrontendProtocol once the connection is counted
             return create_server(lambda: FrontendProtocol(self), **kwargs)
 
         self.loop.create_server = our_server  # type: ignore[method-assign]
