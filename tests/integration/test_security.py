@@ -373,47 +373,104 @@ def test_https_addresses_and_grpc_serve_tls_with_torchserves_certificate_keys(
     channel.close()
 
 
+@pytest.fixture(scope="module")
+def tls_strict(tmp_path_factory, store):
+    """An https:// inference port with a small connection cap and a short head deadline."""
+    from conftest import Daemon
+
+    workdir = tmp_path_factory.mktemp("tls-strict")
+    cert, key = self_signed_certificate(workdir)
+    daemon = Daemon(workdir, store, {"load_models": "echo.mar",
+                                     "inference_address": "https://127.0.0.1:0",
+                                     "certificate_file": cert, "private_key_file": key,
+                                     "frontend_connections": 20, "frontend_header_timeout": 5})
+    daemon.start()
+    daemon.cert = cert
+    yield daemon
+    daemon.stop()
+
+
+def tls_address(daemon) -> tuple[str, int]:
+    from urllib.parse import urlsplit
+
+    url = urlsplit(daemon.url("inference", "/"))
+    return url.hostname, url.port
+
+
+def hung_up(sock, within: float) -> bool:
+    """Whether the server closes ``sock`` within ``within`` seconds (0: already)."""
+    sock.settimeout(within)
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except (TimeoutError, BlockingIOError):
+        return False
+
+
 def test_connections_in_their_tls_handshake_count_against_the_cap_and_its_deadline(
-        daemon_factory, tmp_path) -> None:
+        tls_strict) -> None:
     """A stranger's TCP connections that never start (or never finish) a handshake are held
     within frontend_connections, like plain ones, and closed at the head's deadline."""
     import socket
     import time
-    from urllib.parse import urlsplit
 
-    cert, key = self_signed_certificate(tmp_path)
-    daemon = daemon_factory({"load_models": "echo.mar",
-                             "inference_address": "https://127.0.0.1:0",
-                             "certificate_file": cert, "private_key_file": key,
-                             "frontend_connections": 20, "frontend_header_timeout": 5})
-    url = urlsplit(daemon.url("inference", "/"))
-
-    def closed_by_server(sock, within: float) -> bool:
-        sock.settimeout(within)
-        try:
-            return sock.recv(1) == b""
-        except ConnectionResetError:
-            return True
-        except (TimeoutError, BlockingIOError):
-            return False
-
-    silent = [socket.create_connection((url.hostname, url.port), timeout=10)
+    silent = [socket.create_connection(tls_address(tls_strict), timeout=10)
               for _ in range(40)]  # twice the cap, no handshake begun
     try:
         time.sleep(1)  # well within the head's deadline
-        closed = [closed_by_server(sock, 0) for sock in silent]
+        closed = [hung_up(sock, 0) for sock in silent]
         assert sum(closed) >= 20, closed  # past the cap: closed before any handshake
         held = [sock for sock, gone in zip(silent, closed) if not gone]
-        assert all(closed_by_server(sock, 10) for sock in held)  # then at the deadline
+        assert all(hung_up(sock, 10) for sock in held)  # then at the deadline
     finally:
         for sock in silent:
             sock.close()
     # a half-sent hello is dropped at the same deadline; a real client is served beside it
-    with socket.create_connection((url.hostname, url.port), timeout=10) as stalled:
+    with socket.create_connection(tls_address(tls_strict), timeout=10) as stalled:
         stalled.sendall(b"\x16\x03\x01\x02\x00")  # a handshake record's header, no body
-        answer = daemon.predict("echo", json={"over": "tls"}, verify=cert)
+        answer = tls_strict.predict("echo", json={"over": "tls"}, verify=tls_strict.cert)
         assert answer.status_code == 200 and answer.json()["echo"] == {"over": "tls"}
-        assert closed_by_server(stalled, 10)
+        assert hung_up(stalled, 10)
+
+
+def test_a_tls_client_that_never_answers_the_close_is_dropped_at_the_heads_deadline(
+        tls_strict) -> None:
+    """After an answer with ``Connection: close`` the server waits for the client's TLS
+    goodbye as long as for a silent client's head (asyncio would wait 30 s): meanwhile the
+    connection holds a place under the cap."""
+    import socket
+    import ssl
+    import time
+
+    context = ssl.create_default_context(cafile=tls_strict.cert)
+    tls_strict.session.close()  # its kept-alive connection would take a place under the cap
+    time.sleep(0.5)
+    closing = []
+    try:
+        for _ in range(20):  # the cap
+            sock = context.wrap_socket(socket.create_connection(tls_address(tls_strict),
+                                                                timeout=10),
+                                       server_hostname="127.0.0.1")
+            sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"}\n") and not answer.endswith(b"}"):
+                answer += sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            # keep the TCP socket, and never send the TLS goodbye the server waits for
+            closing.append(socket.socket(fileno=sock.detach()))
+        started = time.monotonic()
+        with socket.create_connection(tls_address(tls_strict), timeout=10) as late:
+            assert hung_up(late, 1)  # the closing ones still hold the cap
+        assert all(hung_up(sock, 10) for sock in closing)
+        assert time.monotonic() - started < 10  # the head's deadline is 5 s, not 30
+    finally:
+        for sock in closing:
+            sock.close()
+    answer = tls_strict.predict("echo", json={"after": "the close"}, verify=tls_strict.cert)
+    assert answer.status_code == 200
 
 
 def test_an_https_address_without_certificate_files_fails_the_start_saying_so(

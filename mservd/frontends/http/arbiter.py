@@ -103,15 +103,20 @@ class FrontendProtocol(ASGIProtocol):
         # or reads again: the bytes read meanwhile go to the layer first, in order
         worker.loop.call_soon(self._hand_over_hello, raw)
         try:
+            # a close waits for the client's TLS goodbye as long as for a silent client's
+            # first head, not asyncio's 30 s: a stranger who never says it holds a connection
+            # of the cap no longer than one who never speaks
             tls = await worker.loop.start_tls(raw, self, worker.tls, server_side=True,
-                                              ssl_handshake_timeout=worker.header_timeout)
+                                              ssl_handshake_timeout=worker.header_timeout,
+                                              ssl_shutdown_timeout=worker.header_timeout)
         except Exception as exc:  # a stranger's bytes, a reset, the deadline: the socket goes
             log.debug("a TLS handshake failed: %r", exc)
             raw.abort()
             self.connection_lost(exc)
             return
-        if not self._counted:  # closed meanwhile (a stop)
-            tls.abort()
+        if not self._counted or tls.is_closing():  # closed meanwhile: by its deadline (the
+            tls.abort()  # TLS layer then ends its handshake without an error), or a stop
+            self.connection_lost(None)
             return
         early, self._early = self._early, None
         super().connection_made(tls)
@@ -239,6 +244,7 @@ class FrontendProtocol(ASGIProtocol):
                     peer[0] if peer else "-", what, seconds)
         if self._early is not None:  # still in its TLS handshake: nothing to answer on
             self._raw.abort()
+            self.connection_lost(None)
         elif what == "headers":
             self._send_error_response(408, f"The request's headers did not arrive within "
                                            f"{seconds:.0f} s")
@@ -250,6 +256,7 @@ class FrontendProtocol(ASGIProtocol):
     def close_now(self) -> None:
         if self._early is not None:
             self._raw.abort()
+            self.connection_lost(None)
             return
         self._close_transport()
         self._request_ready.set()  # wakes gunicorn's connection loop to see it closed
