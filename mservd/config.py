@@ -604,7 +604,8 @@ class Settings:
             "frontend_connections",
             "Simultaneous connections each HTTP frontend worker keeps open on the inference "
             "port, and as many again on the management and metrics ports (counted apart, so a "
-            "flood of one cannot lock out the other); past it a new connection is closed.",
+            "flood of one cannot lock out the other), and each gRPC port; past it a new "
+            "connection is closed.",
             _at_least(1),
         ),
     )
@@ -640,7 +641,8 @@ class Settings:
         metadata=_meta(
             "frontend_header_timeout",
             "Seconds a new HTTP connection has to send its first request's headers, else 408 "
-            "and closed (slow clients cannot hold connections open).",
+            "and closed (slow clients cannot hold connections open); a gRPC connection has as "
+            "long to send its HTTP/2 settings. A TLS handshake counts in it.",
             _above(0),
         ),
     )

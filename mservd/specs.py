@@ -97,6 +97,8 @@ class GrpcFrontendSpec(Spec):
     max_response_size: int
     reply_timeout: float
     drain_timeout: float
+    connections: int  # open at once per port (frontend_connections)
+    handshake_timeout: float  # seconds to a connection's HTTP/2 settings (and TLS handshake)
     log_level: str = "INFO"
     log_format: str = "plain"
     certificate_file: str = ""  # both set: the two ports serve TLS (enable_grpc_ssl)

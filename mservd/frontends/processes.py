@@ -151,6 +151,8 @@ class Frontends:
             max_response_size=settings.max_response_size,
             reply_timeout=reply_timeout,
             drain_timeout=settings.drain_timeout,
+            connections=settings.frontend_connections,
+            handshake_timeout=settings.frontend_header_timeout,
             log_level=settings.log_level,
             log_format=settings.log_format,
             certificate_file=settings.certificate_file if settings.enable_grpc_ssl else "",

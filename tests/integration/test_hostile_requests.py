@@ -207,6 +207,37 @@ def test_an_inference_flood_leaves_management_and_metrics_answering(strict) -> N
     assert requests.get(strict.url("inference", "/ping"), timeout=10).status_code == 200
 
 
+def test_a_flood_of_silent_grpc_connections_is_capped_and_closed_at_the_deadline(
+        strict) -> None:
+    """The gRPC ports bound connections as the HTTP ports do: past frontend_connections one is
+    closed at once, and one that never sends its HTTP/2 settings is closed at
+    frontend_header_timeout (gRPC would hold it 120 s, and take any number)."""
+    import socket
+    import time
+
+    import grpc
+    from google.protobuf import empty_pb2
+
+    from mservd.frontends.grpc.generated import inference_pb2_grpc
+
+    host, port = strict.grpc_address("inference").rsplit(":", 1)
+    flood = [socket.create_connection((host, int(port)), timeout=10) for _ in range(40)]
+    try:
+        time.sleep(0.5)
+        closed = [closed_by_server(sock, 0.01) for sock in flood]
+        assert sum(closed) >= 20, closed  # twice the cap of 20: the rest closed at once
+        started = time.monotonic()
+        assert all(closed_by_server(sock, 10) for sock, gone in zip(flood, closed) if not gone)
+        assert time.monotonic() - started < 6  # the deadline is 2 s
+    finally:
+        for sock in flood:
+            sock.close()
+    with grpc.insecure_channel(strict.grpc_address("inference")) as channel:
+        health = inference_pb2_grpc.InferenceAPIsServiceStub(channel).Ping(empty_pb2.Empty(),
+                                                                           timeout=30)
+    assert "Healthy" in health.health
+
+
 def test_a_client_that_never_reads_is_closed_and_buffers_nothing_for_it(strict) -> None:
     import psutil
     from conftest import http_workers

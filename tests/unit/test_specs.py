@@ -20,7 +20,7 @@ def test_specs_round_trip_through_json() -> None:
     grpc = GrpcFrontendSpec(controller="ipc:///c", host="127.0.0.1", management_host="::1",
                             inference_port=0, management_port=0, ports_file="/p", auth=True,
                             max_request_size=1, max_response_size=2, reply_timeout=3.0,
-                            drain_timeout=4.0)
+                            drain_timeout=4.0, connections=5, handshake_timeout=6.0)
     assert GrpcFrontendSpec.from_json(grpc.to_json()) == grpc
 
 

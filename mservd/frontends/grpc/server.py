@@ -54,7 +54,12 @@ async def serve(spec: GrpcFrontendSpec) -> None:
     mhost = spec.management_host
     max_size = spec.max_request_size
     options = [("grpc.max_receive_message_length", max_size),
-               ("grpc.max_send_message_length", spec.max_response_size)]
+               ("grpc.max_send_message_length", spec.max_response_size),
+               # a stranger's connections are bounded as the HTTP ports bound them: past the
+               # cap closed at once, and one that never sends its HTTP/2 settings (or never
+               # ends its TLS handshake) closed at the deadline, not gRPC's 120 s
+               ("grpc.max_allowed_incoming_connections", spec.connections),
+               ("grpc.server_handshake_timeout_ms", round(spec.handshake_timeout * 1000))]
     bridge = AsyncBridge(spec.controller)
     timeout = spec.reply_timeout
     inference = grpc.aio.server(options=options, interceptors=[RefuseUndecodable()])
