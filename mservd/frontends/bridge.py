@@ -1,6 +1,6 @@
 """What the frontends share about the controller: the ways a call ends without an answer,
-and what a request says of itself the same way over HTTP and gRPC (header or metadata): its
-bearer token and its own deadline.
+what a request says of itself the same way over HTTP and gRPC (header or metadata): its
+bearer token and its own deadline, and the tokens the controller accepted lately.
 
 The line itself is ``async_bridge.py`` (one DEALER socket per frontend process).
 """
@@ -8,6 +8,8 @@ The line itself is ``async_bridge.py`` (one DEALER socket per frontend process).
 from __future__ import annotations
 
 from mservd.errors import BadRequest
+
+TOKEN_MEMORY = 5.0  # seconds a token the controller accepted is taken without asking again
 
 
 class ControllerGone(Exception):
@@ -26,6 +28,26 @@ def bearer_token(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer":
         return None
     return token.strip() or None
+
+
+class AcceptedTokens:
+    """Tokens the controller accepted lately. A frontend asks the controller about a request's
+    token before reading its body (a stranger's costs no more than its head); a client's next
+    requests skip the question for TOKEN_MEMORY seconds. The controller still checks each
+    prediction itself."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def knows(self, token: str | None, now: float) -> bool:
+        return token is not None and self._until.get(token, 0.0) > now
+
+    def accepted(self, token: str | None, now: float) -> None:
+        if token is None:
+            return
+        if len(self._until) >= 16:  # keys are few; anything else is stale
+            self._until.clear()
+        self._until[token] = now + TOKEN_MEMORY
 
 
 def request_timeout_ms(value: str | None) -> float | None:

@@ -248,15 +248,24 @@ def daemon_factory(tmp_path: Path, store: Path):
         daemon.stop()
 
 
-def http_arbiter(daemon: Daemon) -> psutil.Process | None:
-    """gunicorn's arbiter of the daemon's HTTP frontends (named by setproctitle)."""
+def _process(daemon: Daemon, marker: str) -> psutil.Process | None:
+    """The daemon's process whose command line holds ``marker`` (gone ones passed over)."""
     for child in daemon.descendants():
         try:
-            if "gunicorn: master" in " ".join(child.cmdline()):
+            if marker in " ".join(child.cmdline()):
                 return child
         except psutil.Error:
             continue
     return None
+
+
+def http_arbiter(daemon: Daemon) -> psutil.Process | None:
+    """gunicorn's arbiter of the daemon's HTTP frontends (named by setproctitle)."""
+    return _process(daemon, "gunicorn: master")
+
+
+def grpc_frontend(daemon: Daemon) -> psutil.Process | None:
+    return _process(daemon, "mservd.frontends.grpc.server")
 
 
 def http_workers(daemon: Daemon) -> list[psutil.Process]:

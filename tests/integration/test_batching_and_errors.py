@@ -210,13 +210,13 @@ def test_requests_sent_in_one_message_share_a_batch_and_one_reply_and_a_bad_tail
     the end drops only itself."""
     import json as _json
 
-    import psutil
     import zmq
 
     from mservd import protocol
 
-    grpc = next(p for p in psutil.Process(daemon.proc.pid).children()
-                if "mservd.frontends.grpc.server" in " ".join(p.cmdline()))
+    from conftest import grpc_frontend
+
+    grpc = grpc_frontend(daemon)
     endpoint = _json.loads(grpc.cmdline()[-1])["controller"]
     token = daemon.key("inference")
 

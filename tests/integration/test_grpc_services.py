@@ -151,21 +151,26 @@ def test_a_call_that_is_no_protobuf_is_invalid_argument_with_one_log_line_and_no
     inference = grpc.insecure_channel(daemon.grpc_address("inference"))
     management = grpc.insecure_channel(daemon.grpc_address("management"))
     raw = {"request_serializer": lambda raw: raw, "response_deserializer": lambda raw: raw}
-    calls = [inference.unary_unary("/inference.GRPCInferenceService/ServerLive", **raw),
-             inference.unary_unary("/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
-                                   "Predictions", **raw),
-             management.unary_unary("/org.pytorch.serve.grpc.management.ManagementAPIsService/"
-                                    "ListModels", **raw)]
+    ikey = (("authorization", f"Bearer {daemon.key('inference')}"),)
+    mkey = (("authorization", f"Bearer {daemon.key('management')}"),)
+    calls = [(inference.unary_unary("/inference.GRPCInferenceService/ServerLive", **raw), ()),
+             (inference.unary_unary("/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
+                                    "Predictions", **raw), ikey),
+             (management.unary_unary("/org.pytorch.serve.grpc.management.ManagementAPIsService/"
+                                     "ListModels", **raw), mkey)]
     stream = inference.unary_stream("/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
                                     "StreamPredictions", **raw)
     mark = daemon.log_end("grpc.log")
-    for call in calls:  # no token needed: a stranger's calls
+    for call, key in calls:  # a stranger's to a method without a token, a client's with one
         with pytest.raises(grpc.RpcError) as err:
-            call(b"\xff\x01", timeout=30)
+            call(b"\xff\x01", metadata=key, timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "no protobuf message" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:  # a stranger's is refused before it is read
+        calls[1][0](b"\xff\x01", timeout=30)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     with pytest.raises(grpc.RpcError) as err:
-        list(stream(b"\xff\x01", timeout=30))
+        list(stream(b"\xff\x01", metadata=ikey, timeout=30))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     daemon.wait_for_log("grpc.log", "StreamPredictions call that is no protobuf", since=mark)
     written = daemon.read_log("grpc.log", mark)
@@ -257,3 +262,57 @@ def test_torchserve_grpc_ping_predictions_and_management(daemon) -> None:
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     inference.close()
     management.close()
+
+
+def test_a_strangers_large_grpc_calls_are_refused_before_their_messages_are_read(
+        daemon) -> None:
+    """grpc reads a call's whole message before a servicer runs: the token is asked about
+    when the call's metadata arrive, so 100 calls of 6 MB with a wrong token cost the gRPC
+    frontend little memory (reading them took it from 52 MiB to 1.3 GiB), and a streamed
+    one is refused the same way."""
+    import threading
+
+
+    from mservd.frontends.grpc.generated import inference_pb2, inference_pb2_grpc
+
+    from conftest import grpc_frontend
+
+    frontend = grpc_frontend(daemon)
+    peak, done = [frontend.memory_info().rss], threading.Event()
+    before = peak[0]
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], frontend.memory_info().rss)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    channel = grpc.insecure_channel(daemon.grpc_address("inference"),
+                                    options=[("grpc.max_send_message_length", 8 * 2**20)])
+    stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+    big = inference_pb2.PredictionsRequest(model_name="tiny", input={"data": b"x" * 6_000_000})
+    wrong = (("authorization", "Bearer wrong"),)
+    try:
+        calls = [stub.Predictions.future(big, metadata=wrong, timeout=60) for _ in range(100)]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as err:
+                call.result()
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.StreamPredictions(big, metadata=wrong, timeout=60))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "key" in err.value.details().lower() or "token" in err.value.details().lower()
+    finally:
+        done.set()
+        watcher.join()
+    assert peak[0] - before < 600 * 2**20, (before >> 20, peak[0] >> 20)
+    # the right key is still served, and remembered for the calls after it
+    values = tiny_input(3)
+    ikey = (("authorization", f"Bearer {daemon.key('inference')}"),)
+    for _ in range(2):
+        answer = stub.Predictions(inference_pb2.PredictionsRequest(
+            model_name="tiny", input={"data": json.dumps(values).encode()}), metadata=ikey,
+            timeout=60)
+        assert json.loads(answer.prediction) == daemon.predict("tiny", json=values).json()
+    channel.close()

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 import requests
-from conftest import too_late_behind_a_busy_worker, wait_until
+from conftest import grpc_frontend, too_late_behind_a_busy_worker, wait_until
 
 WORKER_DIED = {"code": 500, "type": "InternalServerException", "message": "Worker died."}
 ECHO = '{model_name="echo",model_version="1.0"}'
@@ -287,11 +287,6 @@ def test_a_crash_looping_model_does_not_slow_the_others(daemon_factory) -> None:
     assert killed.status_code in (500, 503)
     if killed.status_code == 500:
         assert killed.json() == WORKER_DIED
-
-
-def grpc_frontend(daemon) -> psutil.Process | None:
-    return next((p for p in psutil.Process(daemon.proc.pid).children()
-                 if "mservd.frontends.grpc.server" in " ".join(p.cmdline())), None)
 
 
 def answers_ping(daemon) -> bool:

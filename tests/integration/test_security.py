@@ -262,13 +262,13 @@ def test_the_controller_picks_the_key_by_verb_and_drops_malformed_frames(daemon)
     socket is dropped: the daemon goes on answering."""
     import json as _json
 
-    import psutil
     import zmq
 
     from mservd import protocol
 
-    grpc = next(p for p in psutil.Process(daemon.proc.pid).children()
-                if "mservd.frontends.grpc.server" in " ".join(p.cmdline()))
+    from conftest import grpc_frontend
+
+    grpc = grpc_frontend(daemon)
     endpoint = _json.loads(grpc.cmdline()[-1])["controller"]
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)

@@ -22,12 +22,14 @@ from pathlib import Path
 
 import grpc
 
+from mservd import protocol
 from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.grpc.generated import (
     grpc_predict_v2_pb2_grpc,
     inference_pb2_grpc,
     management_pb2_grpc,
 )
+from mservd.frontends.grpc.strangers import RefuseStrangers
 from mservd.frontends.grpc.torchserve import InferenceAPIs, ManagementAPIs
 from mservd.frontends.grpc.undecodable import RefuseUndecodable
 from mservd.frontends.grpc.v2 import GRPCInferenceService
@@ -35,6 +37,11 @@ from mservd.log_format import log_to_stderr
 from mservd.specs import GrpcFrontendSpec
 
 log = logging.getLogger("mservd.frontends.grpc")
+
+# the inference port's methods whose messages carry inputs, and a token: asked about first
+PREDICTIONS = ("/org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions",
+               "/org.pytorch.serve.grpc.inference.InferenceAPIsService/StreamPredictions",
+               "/inference.GRPCInferenceService/ModelInfer")
 
 
 def _bind(server: grpc.aio.Server, host: str, port: int, what: str,
@@ -62,12 +69,18 @@ async def serve(spec: GrpcFrontendSpec) -> None:
                ("grpc.server_handshake_timeout_ms", round(spec.handshake_timeout * 1000))]
     bridge = AsyncBridge(spec.controller)
     timeout = spec.reply_timeout
-    inference = grpc.aio.server(options=options, interceptors=[RefuseUndecodable()])
+    inference_guards, management_guards = [], []
+    if spec.auth:  # a stranger's call is refused before its message is read
+        inference_guards = [RefuseStrangers(bridge, protocol.API_INFERENCE, PREDICTIONS)]
+        management_guards = [RefuseStrangers(bridge, protocol.API_MANAGEMENT)]
+    inference = grpc.aio.server(options=options,
+                                interceptors=[*inference_guards, RefuseUndecodable()])
     inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(
         InferenceAPIs(bridge, timeout, spec.auth), inference)
     grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
         GRPCInferenceService(bridge, timeout, spec.auth), inference)
-    management = grpc.aio.server(options=options, interceptors=[RefuseUndecodable()])
+    management = grpc.aio.server(options=options,
+                                 interceptors=[*management_guards, RefuseUndecodable()])
     management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server(
         ManagementAPIs(bridge, spec.auth), management)
     credentials = None

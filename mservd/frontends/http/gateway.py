@@ -19,6 +19,7 @@ from typing import Any
 
 from mservd import protocol
 from mservd.frontends.async_bridge import AsyncBridge
+from mservd.frontends.bridge import AcceptedTokens
 from mservd.frontends.http.request import JSON, TORCHSERVE, Answer, HttpRequest, relay
 from mservd.frontends.http.shedding import Door, Shedder
 from mservd.protocol import Reply
@@ -28,7 +29,6 @@ log = logging.getLogger("mservd.frontends.http")
 
 RETRY_AFTER = [("Retry-After", "1")]
 CONTROL_TIMEOUT = 10.0  # seconds for ping and metadata questions to the controller
-TOKEN_MEMORY = 5.0  # seconds a token the controller accepted is taken without asking again
 
 #: ``frames(rid, body)``: the PREDICT message of a request once its body has arrived
 FrameBuilder = Callable[[bytes, bytes], list[bytes]]
@@ -43,7 +43,7 @@ class Gateway:
         self.reply_timeout = spec.reply_timeout
         self.body_timeout = spec.body_timeout
         self.door = Door(spec.max_queue_wait_ms / 1000.0)
-        self.authorized: dict[str | None, float] = {}  # token -> until when it is taken
+        self.authorized = AcceptedTokens()
         # its timer runs only for a rule that needs it: otherwise it woke every frontend 200
         # times a second, idle or not (~12 ms of CPU a second each), preempting the workers
         self.shedder = Shedder(spec.shed_delay_ms, loop,
@@ -60,18 +60,16 @@ class Gateway:
 
     async def authorize(self, request: HttpRequest) -> Reply | None:
         """The controller's refusal of this request's token, asked before its body is read,
-        or None. Tokens it accepted are remembered for TOKEN_MEMORY seconds, so a client's
+        or None. Tokens it accepted are remembered (bridge.AcceptedTokens), so a client's
         requests pay this once; the controller still checks each prediction itself."""
         token = self.token(request)
         now = time.monotonic()
-        if token is not None and self.authorized.get(token, 0.0) > now:
+        if self.authorized.knows(token, now):
             return None
         reply = await self.ask("authorize", {}, token)
         if reply.status != 200:
             return reply
-        if len(self.authorized) >= 16:  # keys are few; anything else is stale
-            self.authorized.clear()
-        self.authorized[token] = now + TOKEN_MEMORY
+        self.authorized.accepted(token, now)
         return None
 
     async def forward(self, request: HttpRequest, frames: FrameBuilder, stream: bool = False,
