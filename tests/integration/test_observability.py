@@ -194,3 +194,40 @@ def test_enable_metrics_api_false_serves_no_metrics_port(daemon_factory) -> None
     status = subprocess.run([sys.executable, "-m", "mservd", "status", "--log-dir",
                              str(daemon.log_dir)], capture_output=True, text=True, timeout=120)
     assert "metrics API:     off (enable_metrics_api=false)" in status.stdout, status.stderr
+
+
+def test_a_flood_of_scrapes_holds_the_controller_a_small_share_of_its_time(
+        daemon_factory) -> None:
+    """The metrics port takes no token, and every prediction passes the controller: a
+    stranger's scrapes, as fast as eight clients can send them, are each answered, while the
+    controller renders for a small share of the time (each frontend spaces its renderings)."""
+    import threading
+    import time
+
+    daemon = daemon_factory({"load_models": "echo.mar"})
+    assert daemon.predict("echo", json={}).status_code == 200
+    controller = psutil.Process(daemon.proc.pid)
+    url = daemon.url("metrics", "/metrics")
+    answered, failed = [0], []
+
+    def scrape(until: float) -> None:
+        with requests.Session() as session:
+            while time.monotonic() < until:
+                reply = session.get(url, timeout=30)
+                if reply.status_code == 200 and "ts_inference_requests_total" in reply.text:
+                    answered[0] += 1
+                else:
+                    failed.append(reply.status_code)
+
+    before = sum(controller.cpu_times()[:2])
+    started = time.monotonic()
+    scrapers = [threading.Thread(target=scrape, args=(started + 4,)) for _ in range(8)]
+    for thread in scrapers:
+        thread.start()
+    for thread in scrapers:
+        thread.join()
+    seconds = time.monotonic() - started
+    busy = sum(controller.cpu_times()[:2]) - before
+    assert not failed and answered[0] > 100
+    assert busy < 0.25 * seconds, (busy, seconds, answered[0])
+    assert daemon.predict("echo", json={}).status_code == 200
