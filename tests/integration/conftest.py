@@ -297,6 +297,23 @@ def too_late_behind_a_busy_worker(daemon: Daemon, send_late: Callable[[], Any] |
     return late, mark
 
 
+def controller_busy_during(daemon: Daemon, loops: list[Callable[[float], Any]],
+                           seconds: float) -> tuple[float, float]:
+    """Runs each of ``loops`` on its own thread until ``seconds`` from now (each is given that
+    monotonic deadline): the daemon's CPU seconds (its controller's) and the seconds it took."""
+    import threading
+
+    controller = psutil.Process(daemon.proc.pid)
+    before = sum(controller.cpu_times()[:2])
+    started = time.monotonic()
+    threads = [threading.Thread(target=loop, args=(started + seconds,)) for loop in loops]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(controller.cpu_times()[:2]) - before, time.monotonic() - started
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1,
                details: Callable[[], str] | None = None) -> Any:
     """Poll ``predicate`` every ``interval`` seconds until it returns something truthy, and

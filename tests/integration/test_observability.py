@@ -8,7 +8,7 @@ import re
 import psutil
 import requests
 
-from conftest import wait_until
+from conftest import controller_busy_during, wait_until
 
 
 def test_metrics_count_a_known_mix_of_requests(daemon_factory) -> None:
@@ -201,12 +201,10 @@ def test_a_flood_of_scrapes_holds_the_controller_a_small_share_of_its_time(
     """The metrics port takes no token, and every prediction passes the controller: a
     stranger's scrapes, as fast as eight clients can send them, are each answered, while the
     controller renders for a small share of the time (each frontend spaces its renderings)."""
-    import threading
     import time
 
     daemon = daemon_factory({"load_models": "echo.mar"})
     assert daemon.predict("echo", json={}).status_code == 200
-    controller = psutil.Process(daemon.proc.pid)
     url = daemon.url("metrics", "/metrics")
     answered, failed = [0], []
 
@@ -219,15 +217,7 @@ def test_a_flood_of_scrapes_holds_the_controller_a_small_share_of_its_time(
                 else:
                     failed.append(reply.status_code)
 
-    before = sum(controller.cpu_times()[:2])
-    started = time.monotonic()
-    scrapers = [threading.Thread(target=scrape, args=(started + 4,)) for _ in range(8)]
-    for thread in scrapers:
-        thread.start()
-    for thread in scrapers:
-        thread.join()
-    seconds = time.monotonic() - started
-    busy = sum(controller.cpu_times()[:2]) - before
+    busy, seconds = controller_busy_during(daemon, [scrape] * 8, 4)
     assert not failed and answered[0] > 100
     assert busy < 0.25 * seconds, (busy, seconds, answered[0])
     assert daemon.predict("echo", json={}).status_code == 200

@@ -542,3 +542,52 @@ def test_without_cors_settings_no_answer_allows_another_origin(daemon) -> None:
     answer = requests.get(daemon.url("inference", "/ping"), timeout=10,
                           headers={"Origin": "https://evil.example"})
     assert not any(k.lower().startswith("access-control-") for k in answer.headers)
+
+
+def test_a_strangers_flood_of_pings_and_bad_tokens_leaves_the_controller_to_the_clients(
+        daemon_factory) -> None:
+    """Pings and the check of a stranger's token are questions anyone may make the controller
+    answer, ~150 µs each. Pipelined as fast as four connections can send them, they hold the
+    controller a small share of its time (each frontend spaces them); each is answered (a
+    stranger's token 401, or 503 while 64 others wait), and a key holder is served
+    throughout."""
+    import secrets
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+
+    from conftest import controller_busy_during
+
+    daemon = daemon_factory({"load_models": "echo.mar"})
+    url = urlsplit(daemon.url("inference", "/"))
+    statuses: dict[bytes, int] = {}
+    served = []
+
+    def flood(until: float) -> None:
+        with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+            while time.monotonic() < until:
+                batch = b"".join(
+                    b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n" if n % 2 else
+                    (f"POST /predictions/echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                     f"{secrets.token_hex(8)}\r\nContent-Length: 0\r\n\r\n").encode()
+                    for n in range(50))
+                sock.sendall(batch)
+                data = b""
+                while data.count(b"HTTP/1.1 ") < 50 or not data.endswith((b"}", b"}\n")):
+                    chunk = sock.recv(65536)
+                    assert chunk, "the server closed a stranger's connection"
+                    data += chunk
+                for head in data.split(b"HTTP/1.1 ")[1:]:
+                    status = head[:3]
+                    statuses[status] = statuses.get(status, 0) + 1
+
+    def client(until: float) -> None:
+        while time.monotonic() < until:
+            served.append(daemon.predict("echo", json={"from": "a client"}).status_code)
+
+    busy, seconds = controller_busy_during(daemon, [flood] * 4 + [client], 4)
+    assert set(statuses) <= {b"200", b"401", b"503"}, statuses
+    assert sum(statuses.values()) > 200 and statuses.get(b"401", 0) > 0, statuses
+    assert served and set(served) == {200}
+    assert busy < 0.2 * seconds, (busy, seconds, statuses, len(served))

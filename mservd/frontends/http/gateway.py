@@ -11,6 +11,7 @@ decodes a payload: the worker does.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -22,6 +23,7 @@ from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import AcceptedTokens
 from mservd.frontends.http.request import JSON, TORCHSERVE, Answer, HttpRequest, relay
 from mservd.frontends.http.shedding import Door, Shedder
+from mservd.frontends.spaced import SpacedQuestions
 from mservd.protocol import Reply
 from mservd.specs import HttpFrontendSpec
 
@@ -44,6 +46,7 @@ class Gateway:
         self.body_timeout = spec.body_timeout
         self.door = Door(spec.max_queue_wait_ms / 1000.0)
         self.authorized = AcceptedTokens()
+        self.questions = SpacedQuestions(self._ask_now, "questions that are no predictions")
         # its timer runs only for a rule that needs it: otherwise it woke every frontend 200
         # times a second, idle or not (~12 ms of CPU a second each), preempting the workers
         self.shedder = Shedder(spec.shed_delay_ms, loop,
@@ -54,8 +57,14 @@ class Gateway:
         return request.token(self.auth)
 
     async def ask(self, op: str, args: dict[str, Any], token: str | None) -> Reply:
-        """A question for the controller that is not a prediction (ping, metadata)."""
-        return await self.bridge.manage(op, args, token, CONTROL_TIMEOUT,
+        """A question for the controller that is not a prediction (ping, metadata, a token):
+        anyone may ask most of them, so they are asked one at a time and spaced
+        (``frontends/spaced.py``)."""
+        return await self.questions.answer((op, json.dumps(args, sort_keys=True), token))
+
+    async def _ask_now(self, question: tuple[str, str, str | None]) -> Reply:
+        op, args, token = question
+        return await self.bridge.manage(op, json.loads(args), token, CONTROL_TIMEOUT,
                                         api=protocol.API_INFERENCE)
 
     async def authorize(self, request: HttpRequest) -> Reply | None:
@@ -101,6 +110,10 @@ class Gateway:
                 self.shedder.busy -= 1
             status, body = reply.status, reply.body
             overloaded = refused_as_overload(reply, request)
+            if self.auth and status != 401:
+                # the controller took its token: the client's next requests skip the question
+                # while it keeps sending, whatever flood of strangers' questions waits
+                self.authorized.accepted(self.token(request), time.monotonic())
         finally:
             if door:
                 self.door.answered(path, limit, status, time.perf_counter() - request.started,
