@@ -13,12 +13,17 @@ names itself to the controller by that address: workers send their answers there
 (``mservd/frontend_links.py``), one process fewer on the way back. Both sockets are read alike.
 While the controller has lent this frontend an idle worker (``leases.py``), the predictions of
 a turn for its version go to that worker instead, one process fewer on the way there too.
+
+The questions anyone may ask the controller (health, metrics, an unknown token, metadata) go
+through :meth:`AsyncBridge.ask_open`: one at a time for the whole process, spaced
+(``spaced.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -33,6 +38,7 @@ from mservd import protocol
 from mservd.errors import WorkerDied
 from mservd.frontends.bridge import ClientGone, ControllerGone
 from mservd.frontends.leases import HeldLeases
+from mservd.frontends.spaced import SpacedQuestions
 from mservd.protocol import Reply
 
 log = logging.getLogger(__name__)
@@ -63,6 +69,7 @@ class AsyncBridge:
         self._outbox: list[list[bytes]] = []  # this turn's PREDICT messages, sent as one
         self._leases: HeldLeases | None = None  # workers lent to us, once the reply socket is
         self._watch: asyncio.TimerHandle | None = None  # the next check for hung leased batches
+        self._open_questions = SpacedQuestions(self._ask_open_now, "questions anyone may ask")
 
     def _socket(self) -> Any:
         if self._sock is None:
@@ -297,6 +304,19 @@ class AsyncBridge:
         rid = uuid.uuid4().hex.encode()
         return await self.call(rid, protocol.manage(protocol.ManageCall(rid, op, args, token, api)),
                                timeout)
+
+    async def ask_open(self, op: str, args: dict[str, Any], token: str | None,
+                       timeout: float, api: str = protocol.API_MANAGEMENT) -> Reply:
+        """A MANAGE question anyone may ask (health, metrics, an unknown token, metadata):
+        asked one at a time for this process and spaced, so a stranger's flood of them holds
+        the controller a tenth of its time at most; raises ``spaced.TooManyQuestions`` past
+        64 different ones waiting."""
+        return await self._open_questions.answer(
+            (op, json.dumps(args, sort_keys=True), token, timeout, api))
+
+    async def _ask_open_now(self, question: tuple[str, str, str | None, float, str]) -> Reply:
+        op, args, token, timeout, api = question
+        return await self.manage(op, json.loads(args), token, timeout, api)
 
     def close(self) -> None:
         if self._watch is not None:

@@ -3,12 +3,12 @@
 A health check, a scrape of ``/metrics`` and the check of a stranger's token cost the
 controller — the one process every prediction passes — as much as a prediction or more
 (~150 µs for a ping, milliseconds for a rendering of the metrics), and no token stands
-before them. So each frontend process asks them through one :class:`SpacedQuestions`: one
-at a time, the next starting no sooner after the last ended than ``SPACING`` times what the
-last took, so a flood of them holds the controller a tenth of its time per frontend process
-at most. Askers of the same question (same key) that arrive before it starts share its
-answer; one that arrives while it runs waits for the next, so no answer is older than its
-question. A lone question waits for nothing.
+before them. So each frontend process asks them through one :class:`SpacedQuestions`, its
+bridge's (``AsyncBridge.ask_open``): one at a time, the next starting no sooner after the
+last ended than ``SPACING`` times what the last took, so a flood of them holds the controller
+a tenth of its time per frontend process at most. Askers of the same question (same key)
+that arrive before it starts share its answer; one that arrives while it runs waits for the
+next, so no answer is older than its question. A lone question waits for nothing.
 """
 
 from __future__ import annotations

@@ -21,8 +21,7 @@ from mservd.errors import error_message
 from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import AcceptedTokens, ControllerGone, bearer_token
 from mservd.frontends.grpc.errors import status_code
-from mservd.frontends.spaced import SpacedQuestions, TooManyQuestions
-from mservd.protocol import Reply
+from mservd.frontends.spaced import TooManyQuestions
 
 CONTROL_TIMEOUT = 10.0  # seconds for the controller's answer about a token
 
@@ -37,7 +36,6 @@ class RefuseStrangers(grpc.aio.ServerInterceptor):
         self.api = api
         self.methods = None if methods is None else frozenset(methods)
         self.accepted = AcceptedTokens()
-        self.questions = SpacedQuestions(self._ask_now, "token checks")
 
     async def intercept_service(self, continuation: Callable,
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
@@ -50,8 +48,9 @@ class RefuseStrangers(grpc.aio.ServerInterceptor):
         now = time.monotonic()
         if self.accepted.knows(token, now):
             return await continuation(details)
-        try:  # anyone may ask: one at a time and spaced (frontends/spaced.py)
-            reply = await self.questions.answer(token)
+        try:  # anyone may ask: spaced (AsyncBridge.ask_open)
+            reply = await self.bridge.ask_open("authorize", {}, token, CONTROL_TIMEOUT,
+                                               api=self.api)
         except (ControllerGone, TooManyQuestions) as exc:
             return _refusal(await continuation(details), grpc.StatusCode.UNAVAILABLE,
                             str(exc))
@@ -60,9 +59,6 @@ class RefuseStrangers(grpc.aio.ServerInterceptor):
                             error_message(reply.body))
         self.accepted.accepted(token, now)
         return await continuation(details)
-
-    async def _ask_now(self, token: str | None) -> Reply:
-        return await self.bridge.manage("authorize", {}, token, CONTROL_TIMEOUT, api=self.api)
 
 
 def _refusal(handler: grpc.RpcMethodHandler | None, code: grpc.StatusCode,

@@ -22,7 +22,7 @@ from mservd.frontends.grpc.generated import (
     management_pb2,
     management_pb2_grpc,
 )
-from mservd.frontends.spaced import SpacedQuestions
+from mservd.frontends.spaced import TooManyQuestions
 from mservd.protocol import Reply
 
 log = logging.getLogger(__name__)
@@ -67,11 +67,6 @@ async def deadline_ms(context: grpc.aio.ServicerContext) -> float | None:
     return limit
 
 
-def spaced_pings(bridge: AsyncBridge) -> SpacedQuestions[Reply]:
-    """The controller's health, asked one at a time and spaced: anyone may ask it."""
-    return SpacedQuestions(lambda _: bridge.manage("ping", {}, None, 10.0), "health checks")
-
-
 async def check(reply: Reply, context: grpc.aio.ServicerContext) -> Reply:
     """The reply when it succeeded; else the RPC aborts with the mapped code and message."""
     if reply.status >= 400:
@@ -92,12 +87,11 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
         self.bridge = bridge
         self.reply_timeout = reply_timeout
         self.auth = auth
-        self.pings = spaced_pings(bridge)
 
     async def Ping(self, request, context):
-        try:
-            reply = await self.pings.answer(())
-        except ControllerGone as exc:
+        try:  # anyone may ask: spaced (AsyncBridge.ask_open)
+            reply = await self.bridge.ask_open("ping", {}, None, 10.0)
+        except (ControllerGone, TooManyQuestions) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         return inference_pb2.TorchServeHealthResponse(health=reply.body.decode())
 

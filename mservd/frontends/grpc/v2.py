@@ -23,13 +23,8 @@ from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import ControllerGone
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2 as pb
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2_grpc as pb_grpc
-from mservd.frontends.grpc.torchserve import (
-    ask,
-    deadline_ms,
-    forwarded_metadata,
-    metadata_token,
-    spaced_pings,
-)
+from mservd.frontends.grpc.torchserve import ask, deadline_ms, forwarded_metadata, metadata_token
+from mservd.frontends.spaced import TooManyQuestions
 from mservd.v2.codec import Tensor, V2Error, decode_response, to_bytes
 from mservd.v2.handling import HEADER_LENGTH, content_type
 
@@ -110,12 +105,11 @@ class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.bridge = bridge
         self.reply_timeout = reply_timeout
         self.auth = auth
-        self.pings = spaced_pings(bridge)
 
     async def _ping(self, context) -> int:
-        try:
-            return (await self.pings.answer(())).status
-        except ControllerGone as exc:
+        try:  # anyone may ask: spaced (AsyncBridge.ask_open)
+            return (await self.bridge.ask_open("ping", {}, None, 10.0)).status
+        except (ControllerGone, TooManyQuestions) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             raise
 

@@ -11,7 +11,6 @@ decodes a payload: the worker does.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -23,7 +22,6 @@ from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import AcceptedTokens
 from mservd.frontends.http.request import JSON, TORCHSERVE, Answer, HttpRequest, relay
 from mservd.frontends.http.shedding import Door, Shedder
-from mservd.frontends.spaced import SpacedQuestions
 from mservd.protocol import Reply
 from mservd.specs import HttpFrontendSpec
 
@@ -46,7 +44,6 @@ class Gateway:
         self.body_timeout = spec.body_timeout
         self.door = Door(spec.max_queue_wait_ms / 1000.0)
         self.authorized = AcceptedTokens()
-        self.questions = SpacedQuestions(self._ask_now, "questions that are no predictions")
         # its timer runs only for a rule that needs it: otherwise it woke every frontend 200
         # times a second, idle or not (~12 ms of CPU a second each), preempting the workers
         self.shedder = Shedder(spec.shed_delay_ms, loop,
@@ -58,14 +55,9 @@ class Gateway:
 
     async def ask(self, op: str, args: dict[str, Any], token: str | None) -> Reply:
         """A question for the controller that is not a prediction (ping, metadata, a token):
-        anyone may ask most of them, so they are asked one at a time and spaced
-        (``frontends/spaced.py``)."""
-        return await self.questions.answer((op, json.dumps(args, sort_keys=True), token))
-
-    async def _ask_now(self, question: tuple[str, str, str | None]) -> Reply:
-        op, args, token = question
-        return await self.bridge.manage(op, json.loads(args), token, CONTROL_TIMEOUT,
-                                        api=protocol.API_INFERENCE)
+        anyone may ask most of them, so they are spaced (``AsyncBridge.ask_open``)."""
+        return await self.bridge.ask_open(op, args, token, CONTROL_TIMEOUT,
+                                          api=protocol.API_INFERENCE)
 
     async def authorize(self, request: HttpRequest) -> Reply | None:
         """The controller's refusal of this request's token, asked before its body is read,

@@ -2,7 +2,7 @@
 ``?name[]=a&name[]=b`` keeps the samples of those names, as in TorchServe.
 
 The port takes no token (as TorchServe's), and a rendering costs the controller milliseconds:
-renderings are asked one at a time and spaced (``frontends/spaced.py``).
+renderings are asked one at a time and spaced (``AsyncBridge.ask_open``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from urllib.parse import parse_qs
 from mservd.errors import MethodNotAllowed, ResourceNotFound
 from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.http.request import Answer, HttpRequest
-from mservd.frontends.spaced import SpacedQuestions
-from mservd.protocol import Reply
 
 TIMEOUT = 30.0  # seconds
 
@@ -22,7 +20,6 @@ TIMEOUT = 30.0  # seconds
 class MetricsRoutes:
     def __init__(self, bridge: AsyncBridge) -> None:
         self.bridge = bridge
-        self.renderings = SpacedQuestions(self._render, "metrics selections")
 
     async def answer(self, request: HttpRequest, scope: dict[str, Any]) -> Answer:
         if request.path != "/metrics":
@@ -30,9 +27,6 @@ class MetricsRoutes:
                                    "Try /metrics.")
         if request.method != "GET":
             raise MethodNotAllowed("Use GET /metrics.")
-        names = tuple(sorted(set(parse_qs(request.query).get("name[]", []))))
-        reply = await self.renderings.answer(names)
+        names = sorted(set(parse_qs(request.query).get("name[]", [])))
+        reply = await self.bridge.ask_open("metrics", {"names": names}, None, TIMEOUT)
         return Answer(reply.status, reply.body, reply.content_type)
-
-    async def _render(self, names: tuple[str, ...]) -> Reply:
-        return await self.bridge.manage("metrics", {"names": list(names)}, None, TIMEOUT)
