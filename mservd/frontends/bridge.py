@@ -7,6 +7,8 @@ The line itself is ``async_bridge.py`` (one DEALER socket per frontend process).
 
 from __future__ import annotations
 
+import time
+
 from mservd.errors import BadRequest
 
 TOKEN_MEMORY = 5.0  # seconds a token the controller accepted is taken without asking again
@@ -48,6 +50,13 @@ class AcceptedTokens:
         if len(self._until) >= 16:  # keys are few; anything else is stale
             self._until.clear()
         self._until[token] = now + TOKEN_MEMORY
+
+    def answered(self, token: str | None, status: int) -> None:
+        """The controller answered a prediction that carried ``token``: anything but 401 means
+        it took the token, so the client's next requests skip the question while it keeps
+        sending, whatever flood of strangers' questions waits."""
+        if status != 401:
+            self.accepted(token, time.monotonic())
 
 
 def request_timeout_ms(value: str | None) -> float | None:

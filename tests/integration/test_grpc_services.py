@@ -316,3 +316,66 @@ def test_a_strangers_large_grpc_calls_are_refused_before_their_messages_are_read
             timeout=60)
         assert json.loads(answer.prediction) == daemon.predict("tiny", json=values).json()
     channel.close()
+
+
+def test_a_key_holder_calling_on_is_served_while_strangers_tokens_fill_the_questions(
+        daemon) -> None:
+    """A token the controller accepted is taken without asking for 5 s, and each prediction
+    answered for it starts the 5 s again: a key holder calling for longer than that is served
+    every time while strangers' unknown tokens keep 64 questions waiting (past which a
+    stranger's call is UNAVAILABLE). Before, the key holder's own check came due every 5 s
+    and was refused the same way: 25 of its 57 calls."""
+    import secrets
+    import threading
+
+    from mservd.frontends.grpc.generated import inference_pb2, inference_pb2_grpc
+
+    channel = grpc.insecure_channel(daemon.grpc_address("inference"))
+    stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+    request = inference_pb2.PredictionsRequest(
+        model_name="tiny", input={"data": json.dumps(tiny_input(3)).encode()})
+    ikey = (("authorization", f"Bearer {daemon.key('inference')}"),)
+    stub.Predictions(request, metadata=ikey, timeout=30)  # its token is asked about once
+    stop, strangers = threading.Event(), {}
+
+    def flood() -> None:  # 300 calls in flight at all times, each with a new unknown token
+        import asyncio
+
+        async def caller(stub) -> None:
+            while not stop.is_set():
+                call = stub.Predictions(request, timeout=30, metadata=(
+                    ("authorization", f"Bearer {secrets.token_hex(8)}"),))
+                try:
+                    await call
+                except grpc.RpcError:
+                    pass
+                code = await call.code()
+                strangers[code] = strangers.get(code, 0) + 1
+
+        async def calls() -> None:
+            async with grpc.aio.insecure_channel(daemon.grpc_address("inference")) as aio:
+                stub = inference_pb2_grpc.InferenceAPIsServiceStub(aio)
+                await asyncio.gather(*(caller(stub) for _ in range(300)))
+
+        asyncio.run(calls())
+
+    flooder = threading.Thread(target=flood)
+    flooder.start()
+    time.sleep(1.0)  # the flood under way: the key holder calls on for 7 s more
+    served: dict[grpc.StatusCode, int] = {}
+    try:
+        until = time.monotonic() + 7.0
+        while time.monotonic() < until:
+            try:
+                stub.Predictions(request, metadata=ikey, timeout=30)
+                code = grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                code = exc.code()
+            served[code] = served.get(code, 0) + 1
+    finally:
+        stop.set()
+        flooder.join()
+        channel.close()
+    assert strangers.get(grpc.StatusCode.UNAVAILABLE, 0) > 0, strangers  # 64 were waiting
+    assert set(strangers) <= {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE}
+    assert set(served) == {grpc.StatusCode.OK}, (served, strangers)

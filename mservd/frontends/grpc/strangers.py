@@ -6,8 +6,9 @@ message has been received, decoded and forwarded: a stranger's 300 calls of 6 MB
 took the gRPC frontend from 51 MiB to 5.2 GiB and kept it busy 38 s. :class:`RefuseStrangers`
 asks the controller about a guarded method's token when the call arrives (its metadata come
 first), as the HTTP frontends ask before a body; a refused call gets a handler that never
-reads its message. Tokens accepted lately are taken without asking (``AcceptedTokens``), and
-the controller still checks each call itself.
+reads its message. Tokens accepted lately are taken without asking (``AcceptedTokens``, which
+the prediction servicers refresh with each answer, as the HTTP gateway does), and the
+controller still checks each call itself.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ class RefuseStrangers(grpc.aio.ServerInterceptor):
     """Guards ``methods`` (full names; None: every method) of one server: its token is
     asked about for ``api`` (``protocol.API_INFERENCE`` or ``API_MANAGEMENT``)."""
 
-    def __init__(self, bridge: AsyncBridge, api: str,
+    def __init__(self, bridge: AsyncBridge, api: str, accepted: AcceptedTokens,
                  methods: Collection[str] | None = None) -> None:
         self.bridge = bridge
         self.api = api
         self.methods = None if methods is None else frozenset(methods)
-        self.accepted = AcceptedTokens()
+        self.accepted = accepted  # the servicers refresh it with each prediction answered
 
     async def intercept_service(self, continuation: Callable,
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:

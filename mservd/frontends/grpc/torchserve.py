@@ -14,7 +14,12 @@ import grpc
 from mservd import protocol
 from mservd.errors import BadRequest, error_message
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.bridge import ControllerGone, bearer_token, request_timeout_ms
+from mservd.frontends.bridge import (
+    AcceptedTokens,
+    ControllerGone,
+    bearer_token,
+    request_timeout_ms,
+)
 from mservd.frontends.grpc.errors import status_code
 from mservd.frontends.grpc.generated import (
     inference_pb2,
@@ -82,11 +87,26 @@ async def ask(context: grpc.aio.ServicerContext, call: Any) -> Reply:
         raise
 
 
+async def predict(context: grpc.aio.ServicerContext, call: Any, token: str | None,
+                  accepted: AcceptedTokens) -> Reply:
+    """A prediction's reply, as :func:`ask`; one the controller answered other than 401
+    refreshes its token in ``accepted``, so a key holder that keeps calling is never asked
+    about again (strangers.RefuseStrangers)."""
+    async def answered() -> Reply:
+        reply = await call
+        accepted.answered(token, reply.status)
+        return reply
+
+    return await ask(context, answered())
+
+
 class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
-    def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool) -> None:
+    def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool,
+                 accepted: AcceptedTokens) -> None:
         self.bridge = bridge
         self.reply_timeout = reply_timeout
         self.auth = auth
+        self.accepted = accepted
 
     async def Ping(self, request, context):
         try:  # anyone may ask: spaced (AsyncBridge.ask_open)
@@ -118,12 +138,14 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
                                 "e.g. input={'data': b'...'}.")
         rid = str(uuid.uuid4()).encode()
         names = list(request.input)
+        token = metadata_token(context, self.auth)
         frames = protocol.prediction(
-            rid, request.model_name, request.model_version or None,
-            metadata_token(context, self.auth), protocol.CODEC_TORCHSERVE,
+            rid, request.model_name, request.model_version or None, token,
+            protocol.CODEC_TORCHSERVE,
             [(n, "application/octet-stream") for n in names], forwarded_metadata(context),
             [request.input[n] for n in names], timeout_ms=await deadline_ms(context))
-        return await ask(context, self.bridge.call(rid, frames, self.reply_timeout, stream))
+        return await predict(context, self.bridge.call(rid, frames, self.reply_timeout, stream),
+                             token, self.accepted)
 
 
 class ManagementAPIs(management_pb2_grpc.ManagementAPIsServiceServicer):

@@ -20,10 +20,16 @@ import numpy as np
 from mservd import __version__, protocol
 from mservd.errors import error_message
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.bridge import ControllerGone
+from mservd.frontends.bridge import AcceptedTokens, ControllerGone
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2 as pb
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2_grpc as pb_grpc
-from mservd.frontends.grpc.torchserve import ask, deadline_ms, forwarded_metadata, metadata_token
+from mservd.frontends.grpc.torchserve import (
+    ask,
+    deadline_ms,
+    forwarded_metadata,
+    metadata_token,
+    predict,
+)
 from mservd.frontends.spaced import TooManyQuestions
 from mservd.v2.codec import Tensor, V2Error, decode_response, to_bytes
 from mservd.v2.handling import HEADER_LENGTH, content_type
@@ -101,10 +107,12 @@ def _contents_bytes(item: Any) -> bytes:
 
 
 class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool) -> None:
+    def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool,
+                 accepted: AcceptedTokens) -> None:
         self.bridge = bridge
         self.reply_timeout = reply_timeout
         self.auth = auth
+        self.accepted = accepted
 
     async def _ping(self, context) -> int:
         try:  # anyone may ask: spaced (AsyncBridge.ask_open)
@@ -149,12 +157,13 @@ class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except V2Error as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         rid = str(uuid.uuid4()).encode()
+        token = metadata_token(context, self.auth)
         frames = protocol.prediction(
-            rid, request.model_name, request.model_version or None,
-            metadata_token(context, self.auth), protocol.CODEC_V2,
+            rid, request.model_name, request.model_version or None, token, protocol.CODEC_V2,
             [("v2", content_type(header_length))], forwarded_metadata(context), [body],
             timeout_ms=await deadline_ms(context))
-        reply = await ask(context, self.bridge.call(rid, frames, self.reply_timeout))
+        reply = await predict(context, self.bridge.call(rid, frames, self.reply_timeout),
+                              token, self.accepted)
         length = reply.headers.get(HEADER_LENGTH)
         try:
             doc, tensors = decode_response(reply.body, int(length) if length else None)

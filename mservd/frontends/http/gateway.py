@@ -102,10 +102,8 @@ class Gateway:
                 self.shedder.busy -= 1
             status, body = reply.status, reply.body
             overloaded = refused_as_overload(reply, request)
-            if self.auth and status != 401:
-                # the controller took its token: the client's next requests skip the question
-                # while it keeps sending, whatever flood of strangers' questions waits
-                self.authorized.accepted(self.token(request), time.monotonic())
+            if self.auth:
+                self.authorized.answered(self.token(request), status)
         finally:
             if door:
                 self.door.answered(path, limit, status, time.perf_counter() - request.started,
