@@ -655,6 +655,16 @@ class Settings:
             _above(0),
         ),
     )
+    frontend_body_bytes: int = field(
+        default=1 << 30,
+        metadata=_meta(
+            "frontend_body_bytes",
+            "Bytes of request bodies each HTTP frontend worker holds at once, counted from "
+            "the first byte read until the answer is sent; a body that would pass it is "
+            "refused 503 before more of it is read (a lone body is always taken).",
+            _at_least(1),
+        ),
+    )
     frontend_write_timeout: float = field(
         default=30.0,
         metadata=_meta(

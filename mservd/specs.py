@@ -67,6 +67,7 @@ class HttpFrontendSpec(Spec):
     header_timeout: float
     write_timeout: float
     body_timeout: float
+    body_bytes: int  # of request bodies held at once per process (frontend_body_bytes)
     max_header_bytes: int
     accesslog: str | None
     log_format: str

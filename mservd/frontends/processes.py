@@ -115,6 +115,7 @@ class Frontends:
             header_timeout=settings.frontend_header_timeout,
             write_timeout=settings.frontend_write_timeout,
             body_timeout=settings.frontend_body_timeout,
+            body_bytes=settings.frontend_body_bytes,
             max_header_bytes=settings.limit_request_header_bytes,
             accesslog=str(log_dir / "access_log.log"),
             log_format=settings.log_format,

@@ -449,3 +449,41 @@ def test_a_body_trickled_past_its_deadline_gets_408_and_the_connection_closes(st
     assert status == 408 and b'"type": "RequestTimeout"' in data
     # the 2 s body deadline answers it (our socket would give up only after 30 s)
     assert time.monotonic() - started < 20
+
+
+def test_bodies_held_at_once_are_bounded_and_past_the_bound_refused_before_being_read(
+        daemon_factory) -> None:
+    """With token auth off anyone may send bodies, each up to max_request_size and taking up
+    to frontend_body_timeout: connections withholding the last byte of 6 MB bodies would each
+    hold 6 MB of a frontend. A frontend holds at most frontend_body_bytes of bodies at once (a
+    lone body always): past it a request is refused 503 before its body is read, and the
+    bytes are given back once the held body is answered."""
+    daemon = daemon_factory({"load_models": "echo.mar", "disable_token_authorization": "true",
+                             "frontend_workers": 1, "frontend_body_bytes": 8 << 20})
+    size = 6_000_000
+    head = (b"POST /predictions/echo HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/octet-stream\r\n"
+            b"Content-Length: %d\r\n\r\n" % size)
+    with connect(daemon) as holder:
+        holder.sendall(head + b"x" * (size - 1))  # the last byte withheld
+        for _ in range(5):
+            with connect(daemon) as late:
+                late.sendall(head)  # and not a byte of its body
+                late.settimeout(10)
+                status, data = read_head(late)
+                assert status == 503, data
+                assert b'"type": "ServiceUnavailableException"' in data, data
+                assert b"frontend_body_bytes" in data and b"retry-after: 1" in data.lower(), data
+        holder.sendall(b"x")
+        holder.settimeout(30)
+        status, data = read_head(holder)
+        assert status == 200, data[:300]
+        length = int(data.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        received = len(data.split(b"\r\n\r\n", 1)[1])
+        while received < length:  # its answer read whole: the bytes are held until it is sent
+            received += len(holder.recv(1 << 20))
+    with connect(daemon) as after:  # the held body's bytes were given back
+        after.sendall(head + b"y" * size)
+        after.settimeout(30)
+        status, data = read_head(after)
+        assert status == 200, data[:300]

@@ -31,6 +31,7 @@ from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import ClientGone, ControllerGone
 from mservd.frontends.http import dashboard, inference, management, metrics
 from mservd.frontends.http.access_log import AccessLog
+from mservd.frontends.http.bodies import BodyBudget
 from mservd.frontends.http.request import (
     JSON,
     Answer,
@@ -91,6 +92,7 @@ class FrontendApp:
         self.access: AccessLog | None = None
         self.routes: dict[str, Callable] = {}
         self.inference: Any = None  # the inference routes, whose door the connections ask
+        self.bodies = BodyBudget(spec.body_bytes)  # bytes of request bodies held (bodies.py)
         self.threads: concurrent.futures.ThreadPoolExecutor | None = None
         # cors_allowed_*: headers every answer carries, rendered once
         self.cors = [(k.lower().encode("latin-1"), v.encode("latin-1"))
@@ -107,7 +109,7 @@ class FrontendApp:
     # -- one request ---------------------------------------------------------------------
 
     async def http(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
-        request = HttpRequest(scope, receive)
+        request = HttpRequest(scope, receive, self.bodies)
         api = self.apis.get(scope["server"][1] if scope.get("server") else 0, "inference")
         try:
             if (self.cors and request.method == "OPTIONS"
@@ -130,6 +132,8 @@ class FrontendApp:
                 await self.send(send, answer)
         finally:
             request.on_hang_up(None)
+            if request.held:
+                self.bodies.give_back(request.held)
             if self.access is not None:  # None once the worker has stopped
                 self.access.write(request.client, request.method, request.target,
                                   request.version, answer.status, request.started, answer.rid)

@@ -22,6 +22,7 @@ from mservd.errors import (
     error_message,
 )
 from mservd.frontends.bridge import ClientGone, bearer_token, request_timeout_ms
+from mservd.frontends.http.bodies import BodyBudget
 from mservd.protocol import Reply
 
 JSON = "application/json"
@@ -45,19 +46,24 @@ class HttpRequest:
     """One request as the routes see it: method, path, query, lower-case headers, client."""
 
     __slots__ = (
+        "bodies",
         "client",
+        "connection",
         "headers",
+        "held",
         "method",
         "path",
         "query",
         "receive",
         "started",
         "version",
-        "connection",
     )
 
-    def __init__(self, scope: dict[str, Any], receive: Callable) -> None:
+    def __init__(self, scope: dict[str, Any], receive: Callable,
+                 bodies: BodyBudget | None = None) -> None:
         self.started = time.perf_counter()
+        self.bodies = bodies  # the process's bytes of bodies held (None: not counted)
+        self.held = 0  # of them, this request's: given back once it is answered
         self.method: str = scope["method"]
         path: str = scope["path"]
         self.path = path if path[:1] == "/" else origin_path(path)
@@ -82,7 +88,8 @@ class HttpRequest:
         """The whole body, refused (413) past ``limit`` bytes before more of it is read, and
         (408) if it takes longer than ``seconds`` from the end of the head: a body announced
         and never sent, or trickled a byte at a time, holds no connection for long; (501) in
-        a transfer coding other than chunked."""
+        a transfer coding other than chunked; (503) if the process holds too many bytes of
+        bodies already (``bodies.py``), before more of it is read."""
         coding = self.headers.get("transfer-encoding")
         if coding is not None and coding.strip().lower() != "chunked":
             # gunicorn undoes the chunking and hands on what is under it (gzip, deflate...)
@@ -95,6 +102,8 @@ class HttpRequest:
             if int(length) > limit:
                 raise RequestTooLarge(f"Request body of {length} bytes exceeds "
                                       f"max_request_size ({limit}).")
+            self._hold(int(length))
+        counted = length is not None  # else each chunk is counted as it comes
         chunks: list[bytes] = []
         size = 0
         deadline = asyncio.get_running_loop().time() + seconds
@@ -111,9 +120,16 @@ class HttpRequest:
             size += len(chunk)
             if size > limit:
                 raise RequestTooLarge(f"Request body exceeds max_request_size ({limit}).")
+            if not counted:
+                self._hold(len(chunk))
             chunks.append(chunk)
             if not message.get("more_body"):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _hold(self, size: int) -> None:
+        if self.bodies is not None and size:
+            self.bodies.take(size)
+            self.held += size
 
     def on_hang_up(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` if the client hangs up before its answer is sent (None: no more)."""
