@@ -16,7 +16,8 @@ a turn for its version go to that worker instead, one process fewer on the way t
 
 The questions anyone may ask the controller (health, metrics, an unknown token, metadata) go
 through :meth:`AsyncBridge.ask_open`: one at a time for the whole process, spaced
-(``spaced.py``).
+(``spaced.py``). A call's token is asked about before its body is read
+(:meth:`AsyncBridge.refusal`), and remembered while its holder keeps calling.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ import zmq
 
 from mservd import protocol
 from mservd.errors import WorkerDied
-from mservd.frontends.bridge import ClientGone, ControllerGone
+from mservd.frontends.bridge import AcceptedTokens, ClientGone, ControllerGone
 from mservd.frontends.leases import HeldLeases
 from mservd.frontends.spaced import SpacedQuestions
 from mservd.protocol import Reply
 
 log = logging.getLogger(__name__)
 WATCH_INTERVAL = 1.0  # seconds between checks for leased batches that hung
+TOKEN_QUESTION_TIMEOUT = 10.0  # seconds for the controller's answer about a token
 EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
@@ -70,6 +72,9 @@ class AsyncBridge:
         self._leases: HeldLeases | None = None  # workers lent to us, once the reply socket is
         self._watch: asyncio.TimerHandle | None = None  # the next check for hung leased batches
         self._open_questions = SpacedQuestions(self._ask_open_now, "questions anyone may ask")
+        # tokens the controller accepted lately, per API: one memory for the whole process
+        self._accepted = {protocol.API_INFERENCE: AcceptedTokens(),
+                          protocol.API_MANAGEMENT: AcceptedTokens()}
 
     def _socket(self) -> Any:
         if self._sock is None:
@@ -313,6 +318,29 @@ class AsyncBridge:
         64 different ones waiting."""
         return await self._open_questions.answer(
             (op, json.dumps(args, sort_keys=True), token, timeout, api))
+
+    async def refusal(self, token: str | None, api: str,
+                      timeout: float = TOKEN_QUESTION_TIMEOUT) -> Reply | None:
+        """The controller's refusal of ``token`` for ``api`` (401), or None: asked before a
+        request's body or message is read, so a stranger's request costs no more than its
+        head. A token accepted lately is taken without asking (``bridge.AcceptedTokens``); an
+        unknown one is asked about as anyone's question is (:meth:`ask_open`, spaced). The
+        controller still checks each call itself."""
+        accepted = self._accepted[api]
+        now = time.monotonic()
+        if accepted.knows(token, now):
+            return None
+        reply = await self.ask_open("authorize", {}, token, timeout, api=api)
+        if reply.status != 200:
+            return reply
+        accepted.accepted(token, now)
+        return None
+
+    def answered(self, token: str | None, api: str, status: int) -> None:
+        """The controller answered a call that carried ``token`` (anything but 401: it took
+        the token): the client's next calls skip :meth:`refusal`'s question while it keeps
+        calling, whatever flood of strangers' questions waits."""
+        self._accepted[api].answered(token, status)
 
     async def _ask_open_now(self, question: tuple[str, str, str | None, float, str]) -> Reply:
         op, args, token, timeout, api = question

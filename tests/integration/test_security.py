@@ -6,6 +6,7 @@ import io
 import json
 import tarfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -544,35 +545,20 @@ def test_without_cors_settings_no_answer_allows_another_origin(daemon) -> None:
     assert not any(k.lower().startswith("access-control-") for k in answer.headers)
 
 
-def test_a_strangers_flood_of_pings_and_bad_tokens_leaves_the_controller_to_the_clients(
-        daemon_factory) -> None:
-    """Pings and the check of a stranger's token are questions anyone may make the controller
-    answer, ~150 µs each. Pipelined as fast as four connections can send them, they hold the
-    controller a small share of its time (each frontend spaces them); each is answered (a
-    stranger's token 401, or 503 while 64 others wait), and a key holder is served
-    throughout."""
-    import secrets
+def pipelined_flood(daemon, api: str, request: Callable[[int], bytes],
+                    statuses: dict[bytes, int]) -> Callable[[float], None]:
+    """A stranger on one connection to ``api``'s port: 50 requests (``request(n)``) sent at
+    once, their answers read, again until the deadline; the statuses counted."""
     import socket
     import time
     from urllib.parse import urlsplit
 
-
-    from conftest import controller_busy_during
-
-    daemon = daemon_factory({"load_models": "echo.mar"})
-    url = urlsplit(daemon.url("inference", "/"))
-    statuses: dict[bytes, int] = {}
-    served = []
+    url = urlsplit(daemon.url(api, "/"))
 
     def flood(until: float) -> None:
         with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
             while time.monotonic() < until:
-                batch = b"".join(
-                    b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n" if n % 2 else
-                    (f"POST /predictions/echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-                     f"{secrets.token_hex(8)}\r\nContent-Length: 0\r\n\r\n").encode()
-                    for n in range(50))
-                sock.sendall(batch)
+                sock.sendall(b"".join(request(n) for n in range(50)))
                 data = b""
                 while data.count(b"HTTP/1.1 ") < 50 or not data.endswith((b"}", b"}\n")):
                     chunk = sock.recv(65536)
@@ -582,12 +568,72 @@ def test_a_strangers_flood_of_pings_and_bad_tokens_leaves_the_controller_to_the_
                     status = head[:3]
                     statuses[status] = statuses.get(status, 0) + 1
 
+    return flood
+
+
+def a_strangers_token(verb: str, path: str) -> bytes:
+    import secrets
+
+    return (f"{verb} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            f"{secrets.token_hex(8)}\r\nContent-Length: 0\r\n\r\n").encode()
+
+
+def test_a_strangers_flood_of_pings_and_bad_tokens_leaves_the_controller_to_the_clients(
+        daemon_factory) -> None:
+    """Pings and the check of a stranger's token are questions anyone may make the controller
+    answer, ~150 µs each. Pipelined as fast as four connections can send them, they hold the
+    controller a small share of its time (each frontend spaces them); each is answered (a
+    stranger's token 401, or 503 while 64 others wait), and a key holder is served
+    throughout."""
+    import time
+
+    from conftest import controller_busy_during
+
+    daemon = daemon_factory({"load_models": "echo.mar"})
+    statuses: dict[bytes, int] = {}
+    served = []
+    flood = pipelined_flood(daemon, "inference", lambda n: (
+        b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n" if n % 2
+        else a_strangers_token("POST", "/predictions/echo")), statuses)
+
     def client(until: float) -> None:
         while time.monotonic() < until:
             served.append(daemon.predict("echo", json={"from": "a client"}).status_code)
 
     busy, seconds = controller_busy_during(daemon, [flood] * 4 + [client], 4)
     assert set(statuses) <= {b"200", b"401", b"503"}, statuses
+    assert sum(statuses.values()) > 200 and statuses.get(b"401", 0) > 0, statuses
+    assert served and set(served) == {200}
+    assert busy < 0.2 * seconds, (busy, seconds, statuses, len(served))
+
+
+def test_a_strangers_flood_of_management_calls_leaves_the_controller_to_the_admin(
+        daemon_factory) -> None:
+    """Every management call needs the management key, and a stranger's is asked about as
+    any unknown token is (spaced, per frontend process), not sent on as the call: management
+    calls and dashboard documents with random keys, pipelined on four connections, hold the
+    controller a small share of its time, and the admin's calls are answered throughout
+    (before, each was sent on to the controller: 24 % of its time, against 13 % now, and the
+    admin got 381 answers against 709)."""
+    import time
+
+    from conftest import controller_busy_during
+
+    daemon = daemon_factory({"load_models": "echo.mar"})
+    statuses: dict[bytes, int] = {}
+    served = []
+    paths = ("/models", "/models/echo", "/dashboard/overview")
+    flood = pipelined_flood(daemon, "management",
+                            lambda n: a_strangers_token("GET", paths[n % 3]), statuses)
+    admin = {"Authorization": f"Bearer {daemon.key('management')}"}
+
+    def client(until: float) -> None:
+        while time.monotonic() < until:
+            served.append(requests.get(daemon.url("management", "/models/echo"),
+                                       headers=admin, timeout=30).status_code)
+
+    busy, seconds = controller_busy_during(daemon, [flood] * 4 + [client], 4)
+    assert set(statuses) <= {b"401", b"503"}, statuses
     assert sum(statuses.values()) > 200 and statuses.get(b"401", 0) > 0, statuses
     assert served and set(served) == {200}
     assert busy < 0.2 * seconds, (busy, seconds, statuses, len(served))

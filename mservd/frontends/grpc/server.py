@@ -24,7 +24,6 @@ import grpc
 
 from mservd import protocol
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.bridge import AcceptedTokens
 from mservd.frontends.grpc.generated import (
     grpc_predict_v2_pb2_grpc,
     inference_pb2_grpc,
@@ -71,18 +70,15 @@ async def serve(spec: GrpcFrontendSpec) -> None:
     bridge = AsyncBridge(spec.controller)
     timeout = spec.reply_timeout
     inference_guards, management_guards = [], []
-    predictors = AcceptedTokens()  # keys the inference port's predictions were answered for
     if spec.auth:  # a stranger's call is refused before its message is read
-        inference_guards = [RefuseStrangers(bridge, protocol.API_INFERENCE, predictors,
-                                            PREDICTIONS)]
-        management_guards = [RefuseStrangers(bridge, protocol.API_MANAGEMENT,
-                                             AcceptedTokens())]
+        inference_guards = [RefuseStrangers(bridge, protocol.API_INFERENCE, PREDICTIONS)]
+        management_guards = [RefuseStrangers(bridge, protocol.API_MANAGEMENT)]
     inference = grpc.aio.server(options=options,
                                 interceptors=[*inference_guards, RefuseUndecodable()])
     inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(
-        InferenceAPIs(bridge, timeout, spec.auth, predictors), inference)
+        InferenceAPIs(bridge, timeout, spec.auth), inference)
     grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        GRPCInferenceService(bridge, timeout, spec.auth, predictors), inference)
+        GRPCInferenceService(bridge, timeout, spec.auth), inference)
     management = grpc.aio.server(options=options,
                                  interceptors=[*management_guards, RefuseUndecodable()])
     management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server(

@@ -6,37 +6,33 @@ message has been received, decoded and forwarded: a stranger's 300 calls of 6 MB
 took the gRPC frontend from 51 MiB to 5.2 GiB and kept it busy 38 s. :class:`RefuseStrangers`
 asks the controller about a guarded method's token when the call arrives (its metadata come
 first), as the HTTP frontends ask before a body; a refused call gets a handler that never
-reads its message. Tokens accepted lately are taken without asking (``AcceptedTokens``, which
-the prediction servicers refresh with each answer, as the HTTP gateway does), and the
-controller still checks each call itself.
+reads its message (``AsyncBridge.refusal``: tokens accepted lately are taken without asking,
+and the prediction servicers keep a key holder's fresh with each answer, as the HTTP gateway
+does). The controller still checks each call itself.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection
 
 import grpc
 
 from mservd.errors import error_message
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.bridge import AcceptedTokens, ControllerGone, bearer_token
+from mservd.frontends.bridge import ControllerGone, bearer_token
 from mservd.frontends.grpc.errors import status_code
 from mservd.frontends.spaced import TooManyQuestions
-
-CONTROL_TIMEOUT = 10.0  # seconds for the controller's answer about a token
 
 
 class RefuseStrangers(grpc.aio.ServerInterceptor):
     """Guards ``methods`` (full names; None: every method) of one server: its token is
     asked about for ``api`` (``protocol.API_INFERENCE`` or ``API_MANAGEMENT``)."""
 
-    def __init__(self, bridge: AsyncBridge, api: str, accepted: AcceptedTokens,
+    def __init__(self, bridge: AsyncBridge, api: str,
                  methods: Collection[str] | None = None) -> None:
         self.bridge = bridge
         self.api = api
         self.methods = None if methods is None else frozenset(methods)
-        self.accepted = accepted  # the servicers refresh it with each prediction answered
 
     async def intercept_service(self, continuation: Callable,
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
@@ -46,19 +42,14 @@ class RefuseStrangers(grpc.aio.ServerInterceptor):
         for key, value in details.invocation_metadata or ():
             if key.lower() == "authorization":
                 token = bearer_token(str(value))
-        now = time.monotonic()
-        if self.accepted.knows(token, now):
-            return await continuation(details)
-        try:  # anyone may ask: spaced (AsyncBridge.ask_open)
-            reply = await self.bridge.ask_open("authorize", {}, token, CONTROL_TIMEOUT,
-                                               api=self.api)
+        try:
+            refused = await self.bridge.refusal(token, self.api)
         except (ControllerGone, TooManyQuestions) as exc:
             return _refusal(await continuation(details), grpc.StatusCode.UNAVAILABLE,
                             str(exc))
-        if reply.status != 200:
-            return _refusal(await continuation(details), status_code(reply.status),
-                            error_message(reply.body))
-        self.accepted.accepted(token, now)
+        if refused is not None:
+            return _refusal(await continuation(details), status_code(refused.status),
+                            error_message(refused.body))
         return await continuation(details)
 
 

@@ -14,12 +14,7 @@ import grpc
 from mservd import protocol
 from mservd.errors import BadRequest, error_message
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.bridge import (
-    AcceptedTokens,
-    ControllerGone,
-    bearer_token,
-    request_timeout_ms,
-)
+from mservd.frontends.bridge import ControllerGone, bearer_token, request_timeout_ms
 from mservd.frontends.grpc.errors import status_code
 from mservd.frontends.grpc.generated import (
     inference_pb2,
@@ -87,26 +82,25 @@ async def ask(context: grpc.aio.ServicerContext, call: Any) -> Reply:
         raise
 
 
-async def predict(context: grpc.aio.ServicerContext, call: Any, token: str | None,
-                  accepted: AcceptedTokens) -> Reply:
-    """A prediction's reply, as :func:`ask`; one the controller answered other than 401
-    refreshes its token in ``accepted``, so a key holder that keeps calling is never asked
+async def predict(context: grpc.aio.ServicerContext, bridge: AsyncBridge, rid: bytes,
+                  frames: list[bytes], timeout: float, token: str | None,
+                  stream: bool = False) -> Reply:
+    """A prediction's reply, as :func:`ask`; one the controller answered keeps its token
+    remembered (``AsyncBridge.answered``), so a key holder that keeps calling is not asked
     about again (strangers.RefuseStrangers)."""
     async def answered() -> Reply:
-        reply = await call
-        accepted.answered(token, reply.status)
+        reply = await bridge.call(rid, frames, timeout, stream=stream)
+        bridge.answered(token, protocol.API_INFERENCE, reply.status)
         return reply
 
     return await ask(context, answered())
 
 
 class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
-    def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool,
-                 accepted: AcceptedTokens) -> None:
+    def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool) -> None:
         self.bridge = bridge
         self.reply_timeout = reply_timeout
         self.auth = auth
-        self.accepted = accepted
 
     async def Ping(self, request, context):
         try:  # anyone may ask: spaced (AsyncBridge.ask_open)
@@ -144,8 +138,8 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
             protocol.CODEC_TORCHSERVE,
             [(n, "application/octet-stream") for n in names], forwarded_metadata(context),
             [request.input[n] for n in names], timeout_ms=await deadline_ms(context))
-        return await predict(context, self.bridge.call(rid, frames, self.reply_timeout, stream),
-                             token, self.accepted)
+        return await predict(context, self.bridge, rid, frames, self.reply_timeout, token,
+                             stream)
 
 
 class ManagementAPIs(management_pb2_grpc.ManagementAPIsServiceServicer):

@@ -20,7 +20,7 @@ import numpy as np
 from mservd import __version__, protocol
 from mservd.errors import error_message
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.bridge import AcceptedTokens, ControllerGone
+from mservd.frontends.bridge import ControllerGone
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2 as pb
 from mservd.frontends.grpc.generated import grpc_predict_v2_pb2_grpc as pb_grpc
 from mservd.frontends.grpc.torchserve import (
@@ -107,12 +107,10 @@ def _contents_bytes(item: Any) -> bytes:
 
 
 class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool,
-                 accepted: AcceptedTokens) -> None:
+    def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool) -> None:
         self.bridge = bridge
         self.reply_timeout = reply_timeout
         self.auth = auth
-        self.accepted = accepted
 
     async def _ping(self, context) -> int:
         try:  # anyone may ask: spaced (AsyncBridge.ask_open)
@@ -162,8 +160,7 @@ class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
             rid, request.model_name, request.model_version or None, token, protocol.CODEC_V2,
             [("v2", content_type(header_length))], forwarded_metadata(context), [body],
             timeout_ms=await deadline_ms(context))
-        reply = await predict(context, self.bridge.call(rid, frames, self.reply_timeout),
-                              token, self.accepted)
+        reply = await predict(context, self.bridge, rid, frames, self.reply_timeout, token)
         length = reply.headers.get(HEADER_LENGTH)
         try:
             doc, tensors = decode_response(reply.body, int(length) if length else None)

@@ -27,7 +27,7 @@ from urllib.parse import unquote_to_bytes
 
 from mservd import protocol
 from mservd.errors import MservdError, NoWorker
-from mservd.frontends.async_bridge import AsyncBridge
+from mservd.frontends.async_bridge import TOKEN_QUESTION_TIMEOUT, AsyncBridge
 from mservd.frontends.bridge import ClientGone, ControllerGone
 from mservd.frontends.http import dashboard, inference, management, metrics
 from mservd.frontends.http.access_log import AccessLog
@@ -47,7 +47,6 @@ from mservd.specs import HttpFrontendSpec
 log = throttled("mservd.frontends.http")
 
 ACCESS_FLUSH = 0.1  # seconds between writes of the access log's buffered lines
-AUTHORIZE_TIMEOUT = 10.0  # seconds for the controller's check of a token
 MANAGEMENT_THREADS = 32  # management calls in progress at once per process (each may wait)
 # Objects allocated, net of those freed, before the collector scans the youngest (Python's
 # default is 700). A request's objects (its task, scope, futures, closures) are freed by
@@ -68,8 +67,19 @@ class BlockingBridge:
 
     def manage(self, op: str, args: dict[str, Any], token: str | None, timeout: float,
                api: str = protocol.API_MANAGEMENT) -> Reply:
-        future = asyncio.run_coroutine_threadsafe(
-            self.bridge.manage(op, args, token, timeout, api), self.loop)
+        return self._wait(self.bridge.manage(op, args, token, timeout, api), timeout)
+
+    def refusal(self, token: str | None) -> Reply | None:
+        """The controller's refusal of a management key, or None (``AsyncBridge.refusal``)."""
+        return self._wait(self.bridge.refusal(token, protocol.API_MANAGEMENT),
+                          TOKEN_QUESTION_TIMEOUT)
+
+    def answered(self, token: str | None, status: int) -> None:
+        self.loop.call_soon_threadsafe(self.bridge.answered, token, protocol.API_MANAGEMENT,
+                                       status)
+
+    def _wait(self, call: Any, timeout: float) -> Any:
+        future = asyncio.run_coroutine_threadsafe(call, self.loop)
         try:
             return future.result(timeout + 5)
         except concurrent.futures.TimeoutError:
@@ -248,9 +258,8 @@ class WsgiRoutes:
 
         if self.bridge is not None and (request.headers.get("content-length", "0") != "0"
                                         or "transfer-encoding" in request.headers):
-            refused = await self.bridge.manage("authorize", {}, request.token(True),
-                                               AUTHORIZE_TIMEOUT)
-            if refused.status != 200:
+            refused = await self.bridge.refusal(request.token(True), protocol.API_MANAGEMENT)
+            if refused is not None:
                 return relay(refused)
         body = await request.body(self.max_body, self.body_timeout)
         raw_path = scope.get("raw_path") or request.path.encode("utf-8", "surrogateescape")

@@ -24,6 +24,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
+from mservd import protocol
 from mservd.errors import BadRequest, ResourceNotFound, Unauthorized
 from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import bearer_token
@@ -68,7 +69,7 @@ class DashboardRoutes:
         token, by_cookie = self.credentials(request)
         if path == "/dashboard":
             need_method(request, "GET")
-            if self.auth and (await self.authorize(token)).status == 401:
+            if self.auth and await self.refusal(token) is not None:
                 return login_form(401, "" if token is None else "That key was refused.")
             return Answer(200, page("dashboard.html"), "text/html; charset=utf-8",
                           [("Cache-Control", "no-store")])
@@ -99,12 +100,23 @@ class DashboardRoutes:
                 return value, True
         return None, False
 
-    async def authorize(self, token: str | None):
-        """The controller's check of a management key, and nothing else."""
-        return await self.bridge.manage("authorize", {}, token, TIMEOUT)
+    async def refusal(self, token: str | None):
+        """The controller's refusal of a management key, or None (``AsyncBridge.refusal``:
+        a stranger's key is asked about spaced, a known one not at all)."""
+        return await self.bridge.refusal(token, protocol.API_MANAGEMENT)
 
     async def overview(self, token: str | None):
-        return await self.bridge.manage("overview", {}, token, TIMEOUT)
+        return await self.keyed("overview", {}, token)
+
+    async def keyed(self, verb: str, args: dict[str, Any], token: str | None):
+        """A verb that needs the management key, a stranger's refused before it is sent."""
+        refused = await self.refusal(token) if self.auth else None
+        if refused is not None:
+            return refused
+        reply = await self.bridge.manage(verb, args, token, TIMEOUT)
+        if self.auth:
+            self.bridge.answered(token, protocol.API_MANAGEMENT, reply.status)
+        return reply
 
     async def login(self, request: HttpRequest) -> Answer:
         need_method(request, "POST")
@@ -114,7 +126,7 @@ class DashboardRoutes:
                                                                                   "replace"))
         key = (form.get("key") or [""])[0].strip()
         if not key or "\r" in key or "\n" in key or ";" in key or (
-                await self.authorize(key)).status != 200:
+                await self.refusal(key)) is not None:
             return login_form(401, "That key was refused: give the management key.")
         cookie = f"{COOKIE}={key}; Path=/dashboard; HttpOnly; SameSite=Strict"
         return Answer(303, b"", JSON, [("Location", "/dashboard"), ("Set-Cookie", cookie)])
@@ -154,6 +166,10 @@ class DashboardRoutes:
         if by_cookie and request.headers.get("x-mservd-dashboard") != "1":
             raise Unauthorized("A dashboard action made with its cookie must carry the header "
                                "X-Mservd-Dashboard: 1.")
+        refused = await self.refusal(token) if self.auth else None
+        if refused is not None:  # before its body is read
+            return Answer(refused.status, refused.body, refused.content_type,
+                          challenged(refused.status, []))
         try:
             doc = json.loads(await request.body(MAX_BODY, self.body_timeout))
         except ValueError:
@@ -164,7 +180,7 @@ class DashboardRoutes:
         if verb == "scale":
             args["min_worker"] = doc.get("min_worker")
             args["synchronous"] = "false"
-        reply = await self.bridge.manage(verb, args, token, TIMEOUT)
+        reply = await self.keyed(verb, args, token)
         return Answer(reply.status, reply.body, reply.content_type,
                       challenged(reply.status, list((reply.headers or {}).items())))
 

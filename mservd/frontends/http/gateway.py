@@ -19,7 +19,6 @@ from typing import Any
 
 from mservd import protocol
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.bridge import AcceptedTokens
 from mservd.frontends.http.request import JSON, TORCHSERVE, Answer, HttpRequest, relay
 from mservd.frontends.http.shedding import Door, Shedder
 from mservd.protocol import Reply
@@ -43,7 +42,6 @@ class Gateway:
         self.reply_timeout = spec.reply_timeout
         self.body_timeout = spec.body_timeout
         self.door = Door(spec.max_queue_wait_ms / 1000.0)
-        self.authorized = AcceptedTokens()
         # its timer runs only for a rule that needs it: otherwise it woke every frontend 200
         # times a second, idle or not (~12 ms of CPU a second each), preempting the workers
         self.shedder = Shedder(spec.shed_delay_ms, loop,
@@ -59,20 +57,6 @@ class Gateway:
         return await self.bridge.ask_open(op, args, token, CONTROL_TIMEOUT,
                                           api=protocol.API_INFERENCE)
 
-    async def authorize(self, request: HttpRequest) -> Reply | None:
-        """The controller's refusal of this request's token, asked before its body is read,
-        or None. Tokens it accepted are remembered (bridge.AcceptedTokens), so a client's
-        requests pay this once; the controller still checks each prediction itself."""
-        token = self.token(request)
-        now = time.monotonic()
-        if self.authorized.knows(token, now):
-            return None
-        reply = await self.ask("authorize", {}, token)
-        if reply.status != 200:
-            return reply
-        self.authorized.accepted(token, now)
-        return None
-
     async def forward(self, request: HttpRequest, frames: FrameBuilder, stream: bool = False,
                       shape: str = TORCHSERVE, door: bool = True) -> Answer:
         """One prediction through the door to the controller and back; the answer is relayed
@@ -82,8 +66,8 @@ class Gateway:
         refusal = self.door.refusal(path) if door else None
         if refusal is not None:
             return Answer(503, refusal, JSON, list(RETRY_AFTER))
-        if self.auth:
-            refused = await self.authorize(request)
+        if self.auth:  # before a byte of the body is read
+            refused = await self.bridge.refusal(self.token(request), protocol.API_INFERENCE)
             if refused is not None:
                 return relay(refused, shape=shape)
         limit = self.door.let_in(path) if door else None
@@ -103,7 +87,7 @@ class Gateway:
             status, body = reply.status, reply.body
             overloaded = refused_as_overload(reply, request)
             if self.auth:
-                self.authorized.answered(self.token(request), status)
+                self.bridge.answered(self.token(request), protocol.API_INFERENCE, status)
         finally:
             if door:
                 self.door.answered(path, limit, status, time.perf_counter() - request.started,
