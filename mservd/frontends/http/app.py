@@ -69,6 +69,11 @@ class BlockingBridge:
                api: str = protocol.API_MANAGEMENT) -> Reply:
         return self._wait(self.bridge.manage(op, args, token, timeout, api), timeout)
 
+    def ask_open(self, op: str, args: dict[str, Any], token: str | None,
+                 timeout: float) -> Reply:
+        """A management question anyone may ask, spaced (``AsyncBridge.ask_open``)."""
+        return self._wait(self.bridge.ask_open(op, args, token, timeout), timeout)
+
     def refusal(self, token: str | None) -> Reply | None:
         """The controller's refusal of a management key, or None (``AsyncBridge.refusal``)."""
         return self._wait(self.bridge.refusal(token, protocol.API_MANAGEMENT),

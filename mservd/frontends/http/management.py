@@ -27,12 +27,13 @@ def create_management_app(bridge: Any, timeout: float, auth: bool) -> Flask:
 
     def call(op: str, args: dict[str, Any]) -> Response:
         token = bearer_token(request.headers.get("Authorization")) if auth else None
-        keyed = auth and op != "token"  # "token" checks the API key itself
-        # a stranger's key is asked about as anyone's question is (spaced), a known one not
-        refused = bridge.refusal(token) if keyed else None
-        reply = refused if refused is not None else bridge.manage(op, args, token, timeout)
-        if keyed:
-            bridge.answered(token, reply.status)
+        if op == "token":  # it checks the API key itself: anyone may ask, spaced
+            reply = bridge.ask_open(op, args, token, timeout)
+        else:  # a stranger's key is asked about as anyone's question is, a known one not
+            refused = bridge.refusal(token) if auth else None
+            reply = refused if refused is not None else bridge.manage(op, args, token, timeout)
+            if auth:
+                bridge.answered(token, reply.status)
         return Response(reply.body, status=reply.status, content_type=reply.content_type,
                         headers=challenged(reply.status, list(reply.headers.items())))
 
