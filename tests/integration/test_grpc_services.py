@@ -318,24 +318,40 @@ def test_a_strangers_large_grpc_calls_are_refused_before_their_messages_are_read
     channel.close()
 
 
+@pytest.mark.parametrize("api", ["inference", "management"])
 def test_a_key_holder_calling_on_is_served_while_strangers_tokens_fill_the_questions(
-        daemon) -> None:
-    """A token the controller accepted is taken without asking for 5 s, and each prediction
-    answered for it starts the 5 s again: a key holder calling for longer than that is served
-    every time while strangers' unknown tokens keep 64 questions waiting (past which a
-    stranger's call is UNAVAILABLE). Before, the key holder's own check came due every 5 s
-    and was refused the same way: 25 of its 57 calls."""
+        daemon, api: str) -> None:
+    """A token the controller accepted is taken without asking for 5 s, and each call
+    answered for it starts the 5 s again: a key holder calling for longer than that (a
+    prediction, or a management call on the other port) is served every time while
+    strangers' unknown tokens keep the gRPC frontend's 64 questions waiting (past which a
+    stranger's call is UNAVAILABLE). Before, the key holder's own check came due every 5 s and
+    was refused the same way: 25 of its 57 predictions, 49 of its 1,341 management calls."""
     import secrets
     import threading
 
-    from mservd.frontends.grpc.generated import inference_pb2, inference_pb2_grpc
+    from mservd.frontends.grpc.generated import (
+        inference_pb2,
+        inference_pb2_grpc,
+        management_pb2,
+        management_pb2_grpc,
+    )
 
-    channel = grpc.insecure_channel(daemon.grpc_address("inference"))
-    stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+    inference = grpc.insecure_channel(daemon.grpc_address("inference"))
+    stub = inference_pb2_grpc.InferenceAPIsServiceStub(inference)
     request = inference_pb2.PredictionsRequest(
         model_name="tiny", input={"data": json.dumps(tiny_input(3)).encode()})
-    ikey = (("authorization", f"Bearer {daemon.key('inference')}"),)
-    stub.Predictions(request, metadata=ikey, timeout=30)  # its token is asked about once
+    key = (("authorization", f"Bearer {daemon.key(api)}"),)
+    if api == "inference":
+        def call() -> None:
+            stub.Predictions(request, metadata=key, timeout=30)
+    else:
+        management = grpc.insecure_channel(daemon.grpc_address("management"))
+        models = management_pb2_grpc.ManagementAPIsServiceStub(management)
+
+        def call() -> None:
+            models.ListModels(management_pb2.ListModelsRequest(), metadata=key, timeout=30)
+    call()  # its token is asked about once
     stop, strangers = threading.Event(), {}
 
     def flood() -> None:  # 300 calls in flight at all times, each with a new unknown token
@@ -367,7 +383,7 @@ def test_a_key_holder_calling_on_is_served_while_strangers_tokens_fill_the_quest
         until = time.monotonic() + 7.0
         while time.monotonic() < until:
             try:
-                stub.Predictions(request, metadata=ikey, timeout=30)
+                call()
                 code = grpc.StatusCode.OK
             except grpc.RpcError as exc:
                 code = exc.code()
@@ -375,7 +391,9 @@ def test_a_key_holder_calling_on_is_served_while_strangers_tokens_fill_the_quest
     finally:
         stop.set()
         flooder.join()
-        channel.close()
+        inference.close()
+        if api == "management":
+            management.close()
     assert strangers.get(grpc.StatusCode.UNAVAILABLE, 0) > 0, strangers  # 64 were waiting
     assert set(strangers) <= {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE}
     assert set(served) == {grpc.StatusCode.OK}, (served, strangers)

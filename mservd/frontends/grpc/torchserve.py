@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Awaitable
 from typing import Any
 
 import grpc
@@ -82,18 +83,14 @@ async def ask(context: grpc.aio.ServicerContext, call: Any) -> Reply:
         raise
 
 
-async def predict(context: grpc.aio.ServicerContext, bridge: AsyncBridge, rid: bytes,
-                  frames: list[bytes], timeout: float, token: str | None,
-                  stream: bool = False) -> Reply:
-    """A prediction's reply, as :func:`ask`; one the controller answered keeps its token
-    remembered (``AsyncBridge.answered``), so a key holder that keeps calling is not asked
-    about again (strangers.RefuseStrangers)."""
-    async def answered() -> Reply:
-        reply = await bridge.call(rid, frames, timeout, stream=stream)
-        bridge.answered(token, protocol.API_INFERENCE, reply.status)
-        return reply
-
-    return await ask(context, answered())
+async def remembering(bridge: AsyncBridge, api: str, token: str | None,
+                      call: Awaitable[Reply]) -> Reply:
+    """``call``'s reply; one the controller answered keeps its token remembered
+    (``AsyncBridge.answered``), so a key holder that keeps calling is not asked about again
+    (strangers.RefuseStrangers)."""
+    reply = await call
+    bridge.answered(token, api, reply.status)
+    return reply
 
 
 class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
@@ -138,8 +135,9 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
             protocol.CODEC_TORCHSERVE,
             [(n, "application/octet-stream") for n in names], forwarded_metadata(context),
             [request.input[n] for n in names], timeout_ms=await deadline_ms(context))
-        return await predict(context, self.bridge, rid, frames, self.reply_timeout, token,
-                             stream)
+        return await ask(context, remembering(
+            self.bridge, protocol.API_INFERENCE, token,
+            self.bridge.call(rid, frames, self.reply_timeout, stream)))
 
 
 class ManagementAPIs(management_pb2_grpc.ManagementAPIsServiceServicer):
@@ -150,7 +148,9 @@ class ManagementAPIs(management_pb2_grpc.ManagementAPIsServiceServicer):
     async def _manage(self, op: str, args: dict[str, Any], context) -> Any:
         args = {k: v for k, v in args.items() if v is not None}
         token = metadata_token(context, self.auth)
-        reply = await ask(context, self.bridge.manage(op, args, token, MANAGE_TIMEOUT))
+        reply = await ask(context, remembering(
+            self.bridge, protocol.API_MANAGEMENT, token,
+            self.bridge.manage(op, args, token, MANAGE_TIMEOUT)))
         return management_pb2.ManagementResponse(msg=reply.body.decode("utf-8", "replace"))
 
     async def DescribeModel(self, request, context):

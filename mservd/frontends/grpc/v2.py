@@ -28,7 +28,7 @@ from mservd.frontends.grpc.torchserve import (
     deadline_ms,
     forwarded_metadata,
     metadata_token,
-    predict,
+    remembering,
 )
 from mservd.frontends.spaced import TooManyQuestions
 from mservd.v2.codec import Tensor, V2Error, decode_response, to_bytes
@@ -160,7 +160,9 @@ class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
             rid, request.model_name, request.model_version or None, token, protocol.CODEC_V2,
             [("v2", content_type(header_length))], forwarded_metadata(context), [body],
             timeout_ms=await deadline_ms(context))
-        reply = await predict(context, self.bridge, rid, frames, self.reply_timeout, token)
+        reply = await ask(context, remembering(
+            self.bridge, protocol.API_INFERENCE, token,
+            self.bridge.call(rid, frames, self.reply_timeout)))
         length = reply.headers.get(HEADER_LENGTH)
         try:
             doc, tensors = decode_response(reply.body, int(length) if length else None)
