@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 import numpy as np
@@ -327,7 +329,6 @@ def test_a_key_holder_calling_on_is_served_while_strangers_tokens_fill_the_quest
     strangers' unknown tokens keep the gRPC frontend's 64 questions waiting (past which a
     stranger's call is UNAVAILABLE). Before, the key holder's own check came due every 5 s and
     was refused the same way: 25 of its 57 predictions, 49 of its 1,341 management calls."""
-    import secrets
     import threading
 
     from mservd.frontends.grpc.generated import (
@@ -354,28 +355,12 @@ def test_a_key_holder_calling_on_is_served_while_strangers_tokens_fill_the_quest
     call()  # its token is asked about once
     stop, strangers = threading.Event(), {}
 
-    def flood() -> None:  # 300 calls in flight at all times, each with a new unknown token
-        import asyncio
+    def predict(channel, metadata):
+        return inference_pb2_grpc.InferenceAPIsServiceStub(channel).Predictions(
+            request, timeout=30, metadata=metadata)
 
-        async def caller(stub) -> None:
-            while not stop.is_set():
-                call = stub.Predictions(request, timeout=30, metadata=(
-                    ("authorization", f"Bearer {secrets.token_hex(8)}"),))
-                try:
-                    await call
-                except grpc.RpcError:
-                    pass
-                code = await call.code()
-                strangers[code] = strangers.get(code, 0) + 1
-
-        async def calls() -> None:
-            async with grpc.aio.insecure_channel(daemon.grpc_address("inference")) as aio:
-                stub = inference_pb2_grpc.InferenceAPIsServiceStub(aio)
-                await asyncio.gather(*(caller(stub) for _ in range(300)))
-
-        asyncio.run(calls())
-
-    flooder = threading.Thread(target=flood)
+    flooder = threading.Thread(target=strangers_calling,
+                               args=(daemon, predict, strangers, stop.is_set))
     flooder.start()
     time.sleep(1.0)  # the flood under way: the key holder calls on for 7 s more
     served: dict[grpc.StatusCode, int] = {}
@@ -397,3 +382,55 @@ def test_a_key_holder_calling_on_is_served_while_strangers_tokens_fill_the_quest
     assert strangers.get(grpc.StatusCode.UNAVAILABLE, 0) > 0, strangers  # 64 were waiting
     assert set(strangers) <= {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE}
     assert set(served) == {grpc.StatusCode.OK}, (served, strangers)
+
+
+def strangers_calling(daemon, send: Callable[[Any, tuple], Any], codes: dict,
+                      done: Callable[[], bool], in_flight: int = 300) -> None:
+    """A stranger keeping ``in_flight`` calls on the inference port at all times, each made by
+    ``send(aio_channel, metadata)`` with a new unknown token, until ``done()``; the calls'
+    codes counted in ``codes``."""
+    import asyncio
+    import secrets
+
+    async def caller(channel) -> None:
+        while not done():
+            call = send(channel, (("authorization", f"Bearer {secrets.token_hex(8)}"),))
+            try:
+                await call
+            except grpc.RpcError:
+                pass
+            code = await call.code()
+            codes[code] = codes.get(code, 0) + 1
+
+    async def calls() -> None:
+        async with grpc.aio.insecure_channel(daemon.grpc_address("inference")) as channel:
+            await asyncio.gather(*(caller(channel) for _ in range(in_flight)))
+
+    asyncio.run(calls())
+
+
+def test_strangers_v2_metadata_calls_are_spaced_as_over_http(daemon) -> None:
+    """v2 ModelMetadata and ModelReady need the inference key and are questions anyone may
+    ask: a stranger's, with unknown tokens, are asked one at a time per frontend process and
+    spaced, as over HTTP, so a flood of them holds the controller a small share of its time
+    (each went to the controller before: 30 % of its time, against 4 % now)."""
+    import time
+
+    from conftest import controller_busy_during
+
+    from tritonclient.grpc import service_pb2 as pb  # the same protos, as Triton's clients
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+    codes: dict = {}
+
+    def metadata(channel, metadata):
+        return pb_grpc.GRPCInferenceServiceStub(channel).ModelMetadata(
+            pb.ModelMetadataRequest(name="tiny"), timeout=30, metadata=metadata)
+
+    def flood(until: float) -> None:
+        strangers_calling(daemon, metadata, codes, lambda: time.monotonic() > until, 100)
+
+    busy, seconds = controller_busy_during(daemon, [flood], 4)
+    assert codes.get(grpc.StatusCode.UNAUTHENTICATED, 0) > 0, codes
+    assert set(codes) <= {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE}, codes
+    assert busy < 0.2 * seconds, (busy, seconds, codes)

@@ -78,7 +78,7 @@ async def check(reply: Reply, context: grpc.aio.ServicerContext) -> Reply:
 async def ask(context: grpc.aio.ServicerContext, call: Any) -> Reply:
     try:
         return await check(await call, context)
-    except ControllerGone as exc:
+    except (ControllerGone, TooManyQuestions) as exc:
         await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         raise
 

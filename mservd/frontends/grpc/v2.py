@@ -132,7 +132,7 @@ class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _model(self, op: str, request, context) -> dict[str, Any]:
         token = metadata_token(context, self.auth)
-        reply = await ask(context, self.bridge.manage(
+        reply = await ask(context, self.bridge.ask_open(  # as over HTTP: anyone may ask, spaced
             op, {"model": request.name, "version": request.version or None}, token, 10.0,
             api=protocol.API_INFERENCE))
         return json.loads(reply.body)
