@@ -52,9 +52,9 @@ class AcceptedTokens:
         self._until[token] = now + TOKEN_MEMORY
 
     def answered(self, token: str | None, status: int) -> None:
-        """The controller answered a prediction that carried ``token``: anything but 401 means
-        it took the token, so the client's next requests skip the question while it keeps
-        sending, whatever flood of strangers' questions waits."""
+        """The controller answered a call that carried ``token``: anything but 401 means it
+        took the token, so the client's next calls skip the question while it keeps calling,
+        whatever flood of strangers' questions waits."""
         if status != 401:
             self.accepted(token, time.monotonic())
 

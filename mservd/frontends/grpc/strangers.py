@@ -7,8 +7,8 @@ took the gRPC frontend from 51 MiB to 5.2 GiB and kept it busy 38 s. :class:`Ref
 asks the controller about a guarded method's token when the call arrives (its metadata come
 first), as the HTTP frontends ask before a body; a refused call gets a handler that never
 reads its message (``AsyncBridge.refusal``: tokens accepted lately are taken without asking,
-and the prediction servicers keep a key holder's fresh with each answer, as the HTTP gateway
-does). The controller still checks each call itself.
+and the servicers keep a key holder's fresh with each answer, as the HTTP frontends do). The
+controller still checks each call itself.
 """
 
 from __future__ import annotations

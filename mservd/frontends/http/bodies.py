@@ -1,13 +1,13 @@
 """The bytes of request bodies one HTTP frontend process holds at once, bounded.
 
 Each connection may send a body up to ``max_request_size`` and take ``frontend_body_timeout``
-to send it; without a bound, a stranger's thousand connections, each withholding the last
-byte of a 6 MB body, would make one frontend hold 6 GB for a minute (with token auth off, or
-on the management port, where nothing checks a token before a body). A body counts from the
-moment it is read (a ``Content-Length`` reserved before its first byte, a chunked body as its
-chunks arrive) until its answer has been sent; one that would take the process past
-``frontend_body_bytes`` is refused 503 before more of it is read. A lone body is always
-taken, so no body under ``max_request_size`` is refused on an idle frontend.
+to send it; without a bound, with token auth off (when anyone may send a body), a stranger's
+thousand connections, each withholding the last byte of a 6 MB body, would make one frontend
+hold 6 GB for a minute. A body counts from the moment it is read (a ``Content-Length``
+reserved before its first byte, a chunked body as its chunks arrive) until its answer has
+been sent; one that would take the process past ``frontend_body_bytes`` is refused 503
+before more of it is read. A lone body is always taken, so no body under
+``max_request_size`` is refused on an idle frontend.
 """
 
 from __future__ import annotations
