@@ -1,9 +1,10 @@
 """``BaseHandler``: the TorchServe-compatible handler that loads a model and runs
 ``preprocess → inference → postprocess`` on a batch.
 
-This module owns choosing the device, loading the model (TorchScript, or an eager ``modelFile``
-plus a state dict), reading ``index_to_name.json``, and the whole-batch ``handle``. It does not
-own per-request failure handling (see :mod:`handlers.batching`) or any transport.
+This module owns choosing the device, loading the model (TorchScript, an eager ``modelFile``
+plus a state dict, or ONNX through ``onnx_session.py``), reading ``index_to_name.json``, and
+the whole-batch ``handle``. It does not own per-request failure handling (see
+:mod:`handlers.batching`) or any transport.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch.nn import init
 from handlers.context import Context
 from handlers.errors import PredictionException
 from handlers.labels import MAPPING_FILE, load_label_mapping
+from handlers.onnx_session import ONNX_SUFFIX, onnx_session, run_session
 from handlers.timer import timed
 from handlers.user_code import classes_defined_in, import_from_model_dir, module_name_for
 
@@ -50,6 +52,7 @@ class BaseHandler:
         self.model_yaml_config: dict[str, Any] = {}
         self.explain = False
         self.target = 0
+        self.onnx = False  # the model is an onnxruntime session (a .onnx serialized file)
 
     # --- loading -------------------------------------------------------------------------
 
@@ -87,14 +90,19 @@ class BaseHandler:
         elif self.model_pt_path.endswith(TORCHSCRIPT_SUFFIXES):
             self.model = self._load_torchscript_model(self.model_pt_path)
             self.model.eval()
+        elif self.model_pt_path.endswith(ONNX_SUFFIX):
+            self.model = onnx_session(self.model_pt_path, self.device)
+            self.onnx = True
         else:
             raise RuntimeError(
-                f"Serialized file {serialized_file!r} is not a TorchScript file "
-                f"({', '.join(TORCHSCRIPT_SUFFIXES)}) and the archive has no modelFile; "
-                "add --model-file for a state dict, or a handler that loads this format."
+                f"Serialized file {serialized_file!r} is neither TorchScript "
+                f"({', '.join(TORCHSCRIPT_SUFFIXES)}) nor ONNX ({ONNX_SUFFIX}) and the archive "
+                "has no modelFile; add --model-file for a state dict, or a handler that loads "
+                "this format."
             )
         logger.info("Model %s loaded on %s", context.model_name, self.device)
-        self.model = self._compiled(self.model)
+        if not self.onnx:  # torch.compile (model-config.yaml's pt2) is for torch models
+            self.model = self._compiled(self.model)
 
         self.mapping = load_label_mapping(os.path.join(model_dir, MAPPING_FILE))
         self.initialized = True
@@ -179,6 +187,8 @@ class BaseHandler:
     @timed
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         """Run the model on the preprocessed batch."""
+        if self.onnx:
+            return run_session(self.model, data)
         with torch.inference_mode():
             return self.model(self._to_device(data), *args, **kwargs)
 

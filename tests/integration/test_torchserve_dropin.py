@@ -130,6 +130,28 @@ class TinyNet(nn.Module):
         return self.fc(self.pool(self.conv(x)).flatten(1))
 '''
 
+ONNX_HANDLER = '''
+import json
+
+import numpy as np
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class OnnxTripler(BaseHandler):
+    """An ONNX model (x @ 3I) behind BaseHandler, whose model is an onnxruntime session."""
+
+    def preprocess(self, data):
+        bodies = [row.get("data") or row.get("body") for row in data]
+        return np.array([(json.loads(b) if isinstance(b, (bytes, bytearray)) else b)["x"]
+                         for b in bodies], dtype=np.float32)
+
+    def inference(self, data):
+        return self.model.run(None, {self.model.get_inputs()[0].name: data})[0]
+
+    def postprocess(self, data):
+        return data.tolist()
+'''
+
 LABELS = {str(i): name for i, name in enumerate(["cat", "dog", "fox", "owl", "elk", "yak"])}
 
 
@@ -207,8 +229,21 @@ def ts_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     archive(work, store, "deps", work / "deps" / "deps_handler.py",
             requirements_file=work / "requirements.txt")
 
+    # an ONNX model (its serialized file .onnx) behind a handler that runs the session itself
+    (work / "onnx_handler.py").write_text(ONNX_HANDLER)
+    tripler = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        tripler.weight.copy_(3 * torch.eye(2))
+    torch.onnx.export(tripler, (torch.zeros(1, 2),), str(work / "tripler.onnx"), dynamo=False,
+                      input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    (work / "onnx-config.yaml").write_text("batchSize: 8\nmaxBatchDelay: 500\n")
+    archive(work, store, "onnx", work / "onnx_handler.py", serialized_file=work / "tripler.onnx",
+            config_file=work / "onnx-config.yaml")
+
     names = sorted(p.name for p in store.iterdir())
-    assert names == ["cls.mar", "deps.mar", "func.mar", "imgcls", "stream.tar.gz"], names
+    assert names == ["cls.mar", "deps.mar", "func.mar", "imgcls", "onnx.mar",
+                     "stream.tar.gz"], names
     return store
 
 
@@ -224,8 +259,8 @@ def ts_daemon(tmp_path_factory: pytest.TempPathFactory, ts_store: Path):
 def test_every_archive_format_registers(ts_daemon: Daemon) -> None:
     listing = ts_daemon.manage("GET", "/models").json()
     assert sorted(m["modelName"] for m in listing["models"]) == [
-        "cls", "deps", "func", "imgcls", "stream"], ts_daemon.logs()
-    for name in ("cls", "deps", "func", "imgcls", "stream"):
+        "cls", "deps", "func", "imgcls", "onnx", "stream"], ts_daemon.logs()
+    for name in ("cls", "deps", "func", "imgcls", "onnx", "stream"):
         [mv] = ts_daemon.describe(name)
         assert len(mv["workers"]) == 1 and mv["workers"][0]["status"] == "READY", mv
 
@@ -234,6 +269,22 @@ def test_class_handler_extending_ts_base_handler(ts_daemon: Daemon) -> None:
     answer = ts_daemon.predict("cls", json={"x": [1.5, -2.0]})
     assert answer.status_code == 200, answer.text
     assert answer.json() == [3.0, -4.0]
+
+
+def test_an_onnx_model_is_an_onnxruntime_session_as_in_torchserve(ts_daemon: Daemon) -> None:
+    """A .onnx serialized file makes BaseHandler's model an onnxruntime session, which the
+    handler runs itself (self.model.run), as TorchServe's handlers do; requests batched
+    together (model-config.yaml's batchSize 8) each get their own row back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows = [[float(i), -1.5 * i] for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda row: ts_daemon.predict("onnx", json={"x": row}), rows))
+    for row, answer in zip(rows, answers):
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == [3 * v for v in row]
+    batches = ts_daemon.metrics()['mservd_batch_size_count{model_name="onnx",model_version="1.0"}']
+    assert batches < len(rows)  # some requests shared a batch
 
 
 def test_describe_customized_shows_what_the_handlers_describe_handle_returns(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,23 @@ def test_base_handler_loads_torchscript_on_cpu(scripted_dir: Path) -> None:
     assert handler.initialized and handler.device == torch.device("cpu")
     assert handler.map_location == "cpu"
     assert handler.mapping is None
+    assert handler.handle([{"body": [1.0]}, {"body": [2.5]}], ctx) == [[2.0], [5.0]]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.onnx's legacy exporter
+def test_base_handler_serves_an_onnx_file_through_onnxruntime_with_its_default_inference(
+        tmp_path: Path) -> None:
+    """A .onnx serialized file is an onnxruntime session (as TorchServe's BaseHandler makes
+    it); the default inference runs the batch as its first input and gives a tensor back,
+    so a handler that only preprocesses serves it, with compile settings left to torch."""
+    pytest.importorskip("onnxruntime")
+    torch.onnx.export(Doubler(), (torch.zeros(1, 1),), str(tmp_path / "model.onnx"),
+                      dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    handler = RowsHandler()
+    ctx = context(tmp_path, {"serializedFile": "model.onnx"}, 2)
+    ctx.model_yaml_config = {"pt2": {"compile": {"enable": True}}}
+    handler.initialize(ctx)
+    assert handler.onnx and type(handler.model).__name__ == "InferenceSession"
     assert handler.handle([{"body": [1.0]}, {"body": [2.5]}], ctx) == [[2.0], [5.0]]
 
 
@@ -211,8 +229,11 @@ def test_base_handler_missing_files_are_named(tmp_path: Path) -> None:
         RowsHandler().initialize(context(tmp_path, {"serializedFile": "gone.pt"}))
     with pytest.raises(RuntimeError, match="neither a serializedFile nor a modelFile"):
         RowsHandler().initialize(context(tmp_path, {}))
-    with pytest.raises(RuntimeError, match="'model.onnx' is not a TorchScript file"):
-        RowsHandler().initialize(context(tmp_path, {"serializedFile": "model.onnx"}))
+    with pytest.raises(RuntimeError, match="'model.tflite' is neither TorchScript"):
+        RowsHandler().initialize(context(tmp_path, {"serializedFile": "model.tflite"}))
+    if importlib.util.find_spec("onnxruntime") is not None:
+        with pytest.raises(RuntimeError, match="does not exist"):
+            RowsHandler().initialize(context(tmp_path, {"serializedFile": "gone.onnx"}))
 
 
 def test_base_handler_explain_without_get_insights_is_a_clear_error(scripted_dir: Path) -> None:
