@@ -2,9 +2,9 @@
 ``preprocess → inference → postprocess`` on a batch.
 
 This module owns choosing the device, loading the model (TorchScript, an eager ``modelFile``
-plus a state dict, or ONNX through ``onnx_session.py``), reading ``index_to_name.json``, and
-the whole-batch ``handle``. It does not own per-request failure handling (see
-:mod:`handlers.batching`) or any transport.
+plus a state dict, AOTInductor's ``.so``, or ONNX through ``onnx_session.py``), reading
+``index_to_name.json``, and the whole-batch ``handle``. It does not own per-request failure
+handling (see :mod:`handlers.batching`) or any transport.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from handlers.user_code import classes_defined_in, import_from_model_dir, module
 logger = logging.getLogger(__name__)
 
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".bin")
+AOT_SUFFIX = ".so"  # a model AOTInductor compiled into a shared library
 
 
 class BaseHandler:
@@ -93,12 +94,14 @@ class BaseHandler:
         elif self.model_pt_path.endswith(ONNX_SUFFIX):
             self.model = onnx_session(self.model_pt_path, self.device)
             self.onnx = True
+        elif self.model_pt_path.endswith(AOT_SUFFIX):
+            self.model = self._load_aot_compiled(self.model_pt_path)
         else:
             raise RuntimeError(
                 f"Serialized file {serialized_file!r} is neither TorchScript "
-                f"({', '.join(TORCHSCRIPT_SUFFIXES)}) nor ONNX ({ONNX_SUFFIX}) and the archive "
-                "has no modelFile; add --model-file for a state dict, or a handler that loads "
-                "this format."
+                f"({', '.join(TORCHSCRIPT_SUFFIXES)}), ONNX ({ONNX_SUFFIX}) nor AOTInductor "
+                f"({AOT_SUFFIX}) and the archive has no modelFile; add --model-file for a state "
+                "dict, or a handler that loads this format."
             )
         logger.info("Model %s loaded on %s", context.model_name, self.device)
         if not self.onnx:  # torch.compile (model-config.yaml's pt2) is for torch models
@@ -136,6 +139,27 @@ class BaseHandler:
             # TorchScript archives are what TorchServe users have; loading them is the point.
             warnings.filterwarnings("ignore", "`torch.jit.load` is deprecated", FutureWarning)
             return torch.jit.load(model_pt_path, map_location=self.device)
+
+    def _load_aot_compiled(self, model_so_path: str) -> Any:
+        """A model compiled ahead of time by AOTInductor (``torch._export.aot_compile``) into a
+        shared library, loaded as TorchServe loads it: only when model-config.yaml says so
+        (``pt2: {export: {aot_compile: true}}``; a ``.so`` may be anything else), on the
+        worker's device."""
+        pt2 = self.model_yaml_config.get("pt2")
+        export = pt2.get("export") if isinstance(pt2, dict) else None
+        if not (isinstance(export, dict) and export.get("aot_compile") is True):
+            raise RuntimeError(
+                f"Serialized file {model_so_path!r} is a shared library: serve one compiled by "
+                "AOTInductor with model-config.yaml's pt2: {export: {aot_compile: true}}, as "
+                "in TorchServe."
+            )
+        if not os.path.isfile(model_so_path):
+            raise RuntimeError(f"Serialized file {model_so_path!r} does not exist.")
+        if self.device.type == "cuda":  # the loader takes no device index: the worker's own
+            torch.cuda.set_device(self.device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # TorchServe's archives use this API
+            return torch._export.aot_load(model_so_path, self.device.type)
 
     def _load_pickled_model(
         self, model_dir: str, model_file: str, model_pt_path: str | None

@@ -241,8 +241,21 @@ def ts_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     archive(work, store, "onnx", work / "onnx_handler.py", serialized_file=work / "tripler.onnx",
             config_file=work / "onnx-config.yaml")
 
+    # the class handler again, over a model AOTInductor compiled into a shared library
+    quadrupler = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        quadrupler.weight.copy_(4 * torch.eye(2))
+    batch = torch.export.Dim("batch", min=1, max=16)
+    torch._export.aot_compile(quadrupler, (torch.zeros(2, 2),),
+                              dynamic_shapes={"input": {0: batch}},
+                              options={"aot_inductor.output_path": str(work / "quad.so")})
+    (work / "aot-config.yaml").write_text("batchSize: 4\nmaxBatchDelay: 500\n"
+                                          "pt2: {export: {aot_compile: true}}\n")
+    archive(work, store, "aot", work / "doubler.py", serialized_file=work / "quad.so",
+            config_file=work / "aot-config.yaml")
+
     names = sorted(p.name for p in store.iterdir())
-    assert names == ["cls.mar", "deps.mar", "func.mar", "imgcls", "onnx.mar",
+    assert names == ["aot.mar", "cls.mar", "deps.mar", "func.mar", "imgcls", "onnx.mar",
                      "stream.tar.gz"], names
     return store
 
@@ -259,8 +272,8 @@ def ts_daemon(tmp_path_factory: pytest.TempPathFactory, ts_store: Path):
 def test_every_archive_format_registers(ts_daemon: Daemon) -> None:
     listing = ts_daemon.manage("GET", "/models").json()
     assert sorted(m["modelName"] for m in listing["models"]) == [
-        "cls", "deps", "func", "imgcls", "onnx", "stream"], ts_daemon.logs()
-    for name in ("cls", "deps", "func", "imgcls", "onnx", "stream"):
+        "aot", "cls", "deps", "func", "imgcls", "onnx", "stream"], ts_daemon.logs()
+    for name in ("aot", "cls", "deps", "func", "imgcls", "onnx", "stream"):
         [mv] = ts_daemon.describe(name)
         assert len(mv["workers"]) == 1 and mv["workers"][0]["status"] == "READY", mv
 
@@ -285,6 +298,21 @@ def test_an_onnx_model_is_an_onnxruntime_session_as_in_torchserve(ts_daemon: Dae
         assert answer.json() == [3 * v for v in row]
     batches = ts_daemon.metrics()['mservd_batch_size_count{model_name="onnx",model_version="1.0"}']
     assert batches < len(rows)  # some requests shared a batch
+
+
+def test_an_aot_compiled_shared_library_serves_as_in_torchserve(ts_daemon: Daemon) -> None:
+    """A .so serialized file that model-config.yaml marks as AOTInductor's
+    (pt2: {export: {aot_compile: true}}) is loaded with torch._export.aot_load, as TorchServe
+    loads it, behind the same class handler as a TorchScript model; a batch of requests, each
+    answered with its own row."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows = [[float(i), 0.5 - i] for i in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda row: ts_daemon.predict("aot", json={"x": row}), rows))
+    for row, answer in zip(rows, answers):
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == [4 * v for v in row]
 
 
 def test_describe_customized_shows_what_the_handlers_describe_handle_returns(

@@ -231,6 +231,9 @@ def test_base_handler_missing_files_are_named(tmp_path: Path) -> None:
         RowsHandler().initialize(context(tmp_path, {}))
     with pytest.raises(RuntimeError, match="'model.tflite' is neither TorchScript"):
         RowsHandler().initialize(context(tmp_path, {"serializedFile": "model.tflite"}))
+    (tmp_path / "lib.so").write_bytes(b"\x7fELF")
+    with pytest.raises(RuntimeError, match=r"pt2: \{export: \{aot_compile: true\}\}"):
+        RowsHandler().initialize(context(tmp_path, {"serializedFile": "lib.so"}))
     if importlib.util.find_spec("onnxruntime") is not None:
         with pytest.raises(RuntimeError, match="does not exist"):
             RowsHandler().initialize(context(tmp_path, {"serializedFile": "gone.onnx"}))
