@@ -157,9 +157,7 @@ class BaseHandler:
             raise RuntimeError(f"Serialized file {model_so_path!r} does not exist.")
         if self.device.type == "cuda":  # the loader takes no device index: the worker's own
             torch.cuda.set_device(self.device)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # TorchServe's archives use this API
-            return torch._export.aot_load(model_so_path, self.device.type)
+        return torch._export.aot_load(model_so_path, self.device.type)
 
     def _load_pickled_model(
         self, model_dir: str, model_file: str, model_pt_path: str | None
