@@ -614,8 +614,8 @@ def test_a_strangers_flood_of_management_calls_leaves_the_controller_to_the_admi
     rotation, which checks the API key itself, is such a question too. Management calls,
     dashboard documents and rotations with random keys, pipelined on four connections, hold
     the controller a small share of its time, and the admin's calls are answered throughout
-    (before, each was sent on to the controller: 24 % of its time, against 13 % now, and the
-    admin got 381 answers against 709)."""
+    (measured without the rotations: before, each call was sent on to the controller, 24 % of
+    its time against 13 % after, and the admin got 381 answers against 709)."""
     import time
 
     from conftest import controller_busy_during
