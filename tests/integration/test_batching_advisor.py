@@ -56,9 +56,9 @@ def test_the_fit_finds_the_handlers_cost_and_shows_it_everywhere(daemon) -> None
     cost = wait_until(lambda: daemon.describe("costlyfixed")[0].get("batchCost"), 10,
                       "a fit in describe")
     # the handler sleeps 20 ms + 2 ms a request; the hops to the worker and back add a little
-    # (5 ms on a slow minute in CI)
-    assert 20 <= cost["fixedMs"] <= 45, cost
-    assert 1.5 <= cost["perItemMs"] <= 3.0, cost
+    # (5 ms on a slow minute in CI), and a sleep on a loaded machine may overshoot more
+    assert 20 <= cost["fixedMs"] <= 60, cost
+    assert 1.5 <= cost["perItemMs"] <= 4.0, cost
     assert cost["r2"] > 0.5 and cost["batchSizes"] >= 2  # timing noise on a shared machine
     # the smallest batch near the speed-up's ceiling, 9c/m: about 90 here, so the largest
     # advised (64), or 32 where the overhead per request tilts the line under 64

@@ -416,14 +416,16 @@ def test_connections_in_their_tls_handshake_count_against_the_cap_and_its_deadli
     """A stranger's TCP connections that never start (or never finish) a handshake are held
     within frontend_connections, like plain ones, and closed at the head's deadline."""
     import socket
-    import time
 
     silent = [socket.create_connection(tls_address(tls_strict), timeout=10)
               for _ in range(40)]  # twice the cap, no handshake begun
     try:
-        time.sleep(1)  # well within the head's deadline
+        from conftest import wait_until
+
+        # past the cap: closed before any handshake, well within the head's deadline (5 s)
+        wait_until(lambda: sum(hung_up(sock, 0) for sock in silent) >= 20, 3,
+                   "the server to close the connections past its cap of 20")
         closed = [hung_up(sock, 0) for sock in silent]
-        assert sum(closed) >= 20, closed  # past the cap: closed before any handshake
         held = [sock for sock, gone in zip(silent, closed) if not gone]
         assert all(hung_up(sock, 10) for sock in held)  # then at the deadline
     finally:
@@ -446,9 +448,18 @@ def test_a_tls_client_that_never_answers_the_close_is_dropped_at_the_heads_deadl
     import ssl
     import time
 
+    from conftest import http_workers, wait_until
+
     context = ssl.create_default_context(cafile=tls_strict.cert)
     tls_strict.session.close()  # its kept-alive connection would take a place under the cap
-    time.sleep(0.5)
+    port = tls_address(tls_strict)[1]
+
+    def places_taken() -> int:
+        return sum(1 for worker in http_workers(tls_strict)
+                   for c in worker.net_connections("tcp")
+                   if c.laddr and c.laddr.port == port and c.status != "LISTEN")
+
+    wait_until(lambda: places_taken() == 0, 15, "the server to let the session's connection go")
     closing = []
     try:
         for _ in range(20):  # the cap

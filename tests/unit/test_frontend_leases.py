@@ -95,7 +95,10 @@ class Stage:
             [protocol.Result(b"r0", protocol.head(200), b"via the controller")])])
         assert (await reply).body == b"via the controller"
         self.router.send_multipart([fid, *protocol.lease(self.lease)])
-        await asyncio.sleep(0.2)  # the LEASE lands and the frontend connects to the worker
+        for _ in range(1000):  # the LEASE lands and the frontend connects to the worker
+            if bridge._leases:
+                break
+            await asyncio.sleep(0.005)
         return fid
 
     def close(self) -> None:
