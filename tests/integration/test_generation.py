@@ -269,7 +269,9 @@ def test_a_worker_that_dies_mid_stream_ends_it_with_an_error_event(daemon, clien
 def test_a_generation_past_its_deadline_ends_its_stream_with_an_error_event(daemon) -> None:
     """X-Request-Timeout-Ms bounds the whole generation: past it the stream ends with an
     error event (504's type) and [DONE], and the sequence's slot is free for the next."""
-    headers = {**daemon._headers("inference", None), "X-Request-Timeout-Ms": "1500"}
+    # long enough for the first token on a loaded minute (else the answer is a plain 504),
+    # far too short for 4,000 tokens
+    headers = {**daemon._headers("inference", None), "X-Request-Timeout-Ms": "5000"}
     long = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 4000,
             "ignore_eos": True, "stream": True}
     answer = requests.post(daemon.url("inference", "/v1/completions"), json=long,
