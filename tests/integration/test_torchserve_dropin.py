@@ -81,6 +81,9 @@ def handle(data, context):
         url_path = context.get_request_header(idx, "url_path")
         if url_path is not None:
             echo["url_path"] = url_path
+        tenant = context.get_request_header(idx, "x_tenant")
+        if tenant is not None:
+            echo["x_tenant"] = tenant
         out.append(echo)
     return out
 '''
@@ -375,6 +378,14 @@ def test_a_path_past_the_version_reaches_the_handler_as_url_path_and_get_predict
     got = ts_daemon.session.get(ts_daemon.url("inference", "/predictions/func"),
                                 headers=ts_daemon._headers("inference", None), timeout=60)
     assert got.status_code == 200 and got.json()["model"] == "func", got.text
+
+
+def test_a_header_whose_name_has_underscores_reaches_the_handler(ts_daemon: Daemon) -> None:
+    """TorchServe hands its handlers every header; gunicorn drops underscored names unless
+    told not to (ts_request_sequence_id is one)."""
+    answer = ts_daemon.predict("func", json={"prompt": "hi"}, headers={"x_tenant": "acme"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["x_tenant"] == "acme"
 
 
 def test_prediction_exception_code_reaches_the_client_typed_as_torchserve_types_it(

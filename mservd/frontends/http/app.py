@@ -292,6 +292,8 @@ class WsgiRoutes:
         for name, value in request.headers.items():
             if name == "content-type":
                 environ["CONTENT_TYPE"] = value
+            elif "_" in name:  # X_Foo and X-Foo would be one HTTP_X_FOO: dropped, as gunicorn
+                continue  # does for WSGI (the ASGI routes keep them: header_map "dangerous")
             elif name not in ("content-length", "upgrade"):  # no WebSockets: plain HTTP
                 environ["HTTP_" + name.upper().replace("-", "_")] = value
         loop = asyncio.get_running_loop()

@@ -372,6 +372,11 @@ class FrontendServer(BaseApplication):
             "errorlog": "-",  # stderr: the daemon points it at frontend.log
             "accesslog": None,  # the app writes TorchServe's access log itself
             "control_socket_disable": True,
+            # header names with underscores reach the app: TorchServe's clients send
+            # ts_request_sequence_id, and its handlers see every header. "drop" guards a WSGI
+            # environ, where X_Foo and X-Foo are one name; ASGI keeps names apart, and our
+            # bridge to the management app (app.py) drops them itself
+            "header_map": "dangerous",
             "proc_name": "mservd-http",
             **spec.gunicorn,  # limits and timeouts from config.properties
         }
