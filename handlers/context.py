@@ -139,6 +139,10 @@ class Context:
         self.stream_callback: StreamCallback | None = None
         # decode_input_request: TorchServe inputs parsed (JSON, text), or as the bytes sent
         self.decode_input_request = True
+        # a stateful model's sequence headers (sequenceBatching), under TorchServe's names
+        self.header_key_sequence_id = "ts_request_sequence_id"
+        self.header_key_sequence_start = "ts_request_sequence_start"
+        self.header_key_sequence_end = "ts_request_sequence_end"
 
     @property
     def system_properties(self) -> dict[str, Any]:
@@ -188,6 +192,11 @@ class Context:
 
     def get_request_header(self, idx: int, key: str) -> str | None:
         return self.request_processor[idx].get_request_header(key)
+
+    def get_sequence_id(self, idx: int) -> str | None:
+        """The sequence request ``idx`` belongs to (a stateful model's): the client's
+        ``ts_request_sequence_id``, or the one the server opened for it."""
+        return self.request_processor[idx].get_request_header(self.header_key_sequence_id)
 
     def get_all_request_header(self, idx: int) -> dict[str, str]:
         return self.request_processor[idx].get_request_headers()

@@ -298,6 +298,12 @@ def _describe_block(desc: dict[str, Any]) -> str:
                                            f"{desc.get('maxBatchDelayNow')} ms (auto)"))
     if desc.get("maxLatencyMs"):
         settings.append(("latency target", f"{desc['maxLatencyMs']} ms"))
+    if desc.get("stateful"):
+        idle, life = desc.get("sequenceMaxIdleMSec"), desc.get("sequenceTimeoutMSec")
+        settings.append(("sequences", (
+            f"{queue.get('openSequences', 0)} open of {desc.get('maxNumSequence')}, "
+            f"{desc.get('maxSequenceJobQueueSize')} queued each at most, closed idle "
+            f"{idle} ms" + (f" or {life} ms after opening" if life else ""))))
     cost = desc.get("batchCost")
     if cost:
         settings.append(("batch cost", f"{cost['fixedMs']} ms + {cost['perItemMs']} ms per "

@@ -1086,6 +1086,16 @@ class ModelSettings:
     auto_batch: bool = False
     # model-config.yaml maxLatencyMs: the latency target the advisor sizes batches for
     max_latency_ms: int | None = None
+    # model-config.yaml sequenceBatching (TorchServe's stateful inference, mservd/sequences.py):
+    # each sequence's requests run in order on one worker, one at a time; at most
+    # max_num_sequence sequences open, each queueing max_sequence_job_queue_size requests,
+    # closed after sequence_max_idle_ms without a request (0: as soon as none is left) or
+    # sequence_timeout_ms after it opened (0: never)
+    sequence_batching: bool = False
+    max_num_sequence: int = 1
+    max_sequence_job_queue_size: int = 1
+    sequence_max_idle_ms: int = 0
+    sequence_timeout_ms: int = 0
 
     @property
     def latency_target(self) -> float | None:
@@ -1139,6 +1149,11 @@ _MODEL_YAML_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
         "deviceType": ("device_type", _device_type),
         "deviceIds": ("device_ids", _device_ids),
         "continuousBatching": ("continuous_batching", to_bool),
+        "sequenceBatching": ("sequence_batching", to_bool),
+        "maxNumSequence": ("max_num_sequence", _chain(to_int, _at_least(1))),
+        "maxSequenceJobQueueSize": ("max_sequence_job_queue_size", _chain(to_int, _at_least(1))),
+        "sequenceMaxIdleMSec": ("sequence_max_idle_ms", _chain(to_int, _at_least(0))),
+        "sequenceTimeoutMSec": ("sequence_timeout_ms", _chain(to_int, _at_least(0))),
     }
 )
 # model-config.yaml keys TorchServe acts on that mservd does not: said once per model version
@@ -1150,11 +1165,6 @@ TORCHSERVE_KEYS_NOT_APPLIED = {
     "useJobTicket": "requests queue up to jobQueueSize instead",
     "clientTimeoutInMills": "send X-Request-Timeout-Ms, or set default_request_timeout_ms",
     "maxRetryTimeoutInSec": "a worker that dies is started again at once",
-    "sequenceBatching": "stateful sequences are not routed to one worker",
-    "maxNumSequence": "stateful sequences are not routed to one worker",
-    "sequenceMaxIdleMSec": "stateful sequences are not routed to one worker",
-    "sequenceTimeoutMSec": "stateful sequences are not routed to one worker",
-    "maxSequenceJobQueueSize": "stateful sequences are not routed to one worker",
     "asyncCommunication": "answers go back as each batch ends",
     "useVenv": "handlers run in the daemon's environment",
 }
@@ -1234,6 +1244,11 @@ def resolve_model_settings(
         "continuous_batching": False,
         "auto_batch": False,
         "max_latency_ms": None,
+        "sequence_batching": False,
+        "max_num_sequence": 1,
+        "max_sequence_job_queue_size": 1,
+        "sequence_max_idle_ms": 0,
+        "sequence_timeout_ms": 0,
     }
     origin: dict[str, str] = {}
     problems: list[str] = []
@@ -1285,6 +1300,11 @@ def resolve_model_settings(
         )
     if values["batch_size"] == "auto":
         values["batch_size"], values["auto_batch"] = AUTO_BATCH_START, True
+    if values["sequence_batching"] and values["continuous_batching"]:
+        logger.warning("model %s version %s: sequenceBatching is not applied with "
+                       "continuousBatching (a sequence's requests may reach different workers)",
+                       model_name, version)
+        values["sequence_batching"] = False
     return ModelSettings(**values)
 
 

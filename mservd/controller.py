@@ -172,7 +172,7 @@ class Controller:
                 if zygote_fd >= 0:
                     poller.register(zygote_fd, zmq.POLLIN)
             now = time.monotonic()
-            due = self.scheduler.next_wakeup(float("inf"))  # when tick has work, at the soonest
+            due = self.scheduler.next_wakeup(float("inf"), now)  # when tick has work, soonest
             timeout = max(0.0, min(due, self.upkeep_by(now)) - now)
             events = dict(poller.poll(timeout * 1000.0))
             if zygote_fd in events:
@@ -235,7 +235,8 @@ class Controller:
                 self.answer(action.fid, action.result)
             elif type(action) is SendBatch:
                 self.back.send_multipart([action.worker.identity, *protocol.batch(
-                    (p.rid, p.kind, p.fid, p.frames) for p in action.requests)])
+                    (p.rid, p.kind, p.fid, p.frames, p.server_headers)
+                    for p in action.requests)])
             elif type(action) is Refuse:
                 self.answer(action.fid, Reply.error(action.error).result(action.rid))
             elif type(action) is KillWorker:

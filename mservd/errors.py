@@ -125,6 +125,17 @@ class QueueFull(MservdError):
     type = "QueueFullException"
 
 
+class SequenceRefused(MservdError):
+    """A stateful model cannot take this request of a sequence: as many sequences are open as
+    it allows (maxNumSequence), or this sequence's own queue is full (maxSequenceJobQueueSize).
+    TorchServe answers both 503 ServiceUnavailableException. Without Retry-After: a frontend
+    takes a 503 with it for overload and refuses the model's other requests for a moment,
+    where this refusal is about one sequence, or about opening one."""
+
+    http_status = 503
+    type = "ServiceUnavailableException"
+
+
 class DeadlineExceeded(MservdError):
     http_status = 504
     type = "RequestTimeoutException"

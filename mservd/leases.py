@@ -98,7 +98,8 @@ class Leases:
             return []
         if (not self.enabled or worker.job_endpoint is None or not worker.is_serving
                 or worker.id in self.holders or worker.id in self.recalling
-                or mv.settings.continuous_batching or len(mv.batcher) or self.reply_prefix is None
+                or mv.settings.continuous_batching or mv.settings.sequence_batching
+                or len(mv.batcher) or self.reply_prefix is None
                 or not fid.startswith(self.reply_prefix)):
             return []
         for other in mv.workers.values():

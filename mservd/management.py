@@ -524,6 +524,9 @@ class Management:
             "jobQueueStatus": {"remainingCapacity": mv.batcher.remaining_capacity,
                                "pendingRequests": len(mv.batcher)},
         }
+        if mv.settings.sequence_batching:  # TorchServe's stateful model
+            out["stateful"] = True
+            out["jobQueueStatus"]["openSequences"] = mv.batcher.open_count(time.monotonic())
         fit = mv.batch_costs.fit()
         if fit is not None:  # the batching advisor's (mservd models advise shows its curve)
             measured = mv.batch_costs.measured()

@@ -36,15 +36,19 @@ to it and forwarded as the same bytes::
                                                        where delivered)
 
     route = [rid, model, version or None, token or None, timeout_ms or None, explain, sent,
-             inputs]
+             inputs, sequence or None, ends_sequence]
             (sent: the frontend's time.monotonic() when it sent the request; CLOCK_MONOTONIC
             is one clock for every process on the host, so the controller sees the transit;
             inputs: how many payload frames follow the meta, so the controller finds the next
-            request of the message without reading the meta)
+            request of the message without reading the meta; sequence and ends_sequence:
+            the client's ts_request_sequence_id and ts_request_sequence_end headers, read
+            here once, for a stateful model's sequences)
     meta  = [codec, [[name, content_type], ...], {header: value}]
-    job   = [rid, kind, fid]   (the request's id, what it asks of the handler: PREDICTION,
+    job   = [rid, kind, fid] or [rid, kind, fid, {header: value}]
+                               (the request's id, what it asks of the handler: PREDICTION,
                                 EXPLANATION or DESCRIPTION, and the frontend that asked:
-                                the controller's name for it)
+                                the controller's name for it; and the headers only the server
+                                sets, over the client's: a stateful model's sequence id)
     head  = [status, content_type, {header: value}]
 
 Messages are coalesced where a process has several to send at once: a frontend sends every
@@ -173,6 +177,19 @@ class Route:
     explain: bool = False  # /explanations: never batched with predictions
     sent: float | None = None  # the frontend's time.monotonic() at sending
     inputs: int = 0  # payload frames after the meta header
+    sequence: str | None = None  # ts_request_sequence_id: a stateful model's sequence
+    ends_sequence: bool = False  # ts_request_sequence_end: the sequence's last request
+
+
+# TorchServe's headers of a stateful model's sequences (mservd/sequences.py)
+SEQUENCE_ID = "ts_request_sequence_id"
+SEQUENCE_START = "ts_request_sequence_start"
+SEQUENCE_END = "ts_request_sequence_end"
+
+
+def says_yes(value: str | None) -> bool:
+    """A header's flag: set unless absent, empty, ``false``, ``0`` or ``no``."""
+    return value is not None and value.strip().lower() not in ("", "false", "0", "no")
 
 
 def prediction(rid: bytes, model: str, version: str | None, token: str | None, codec: str,
@@ -182,10 +199,11 @@ def prediction(rid: bytes, model: str, version: str | None, token: str | None, c
     """The PREDICT message of one request, whichever frontend and protocol it came by.
 
     ``inputs`` are (name, content type) pairs, one per payload; ``headers`` are what the
-    handler may read (never the token).
+    handler may read (never the token), under lower-case names.
     """
     route = packb([rid, model, version, token, timeout_ms, explain,
-                   time.monotonic() if sent is None else sent, len(payloads)])
+                   time.monotonic() if sent is None else sent, len(payloads),
+                   headers.get(SEQUENCE_ID), says_yes(headers.get(SEQUENCE_END))])
     return [PREDICT, route, packb([codec, list(inputs), headers]), *payloads]
 
 
@@ -215,9 +233,9 @@ def parse_predictions(frames: Sequence[bytes]) -> Iterator[tuple[Route, list[byt
 
 def parse_route(frame: bytes) -> Route:
     fields = unpackb(frame)
-    if not isinstance(fields, list) or len(fields) != 8:
-        raise ProtocolError("route header must be an 8-item array")
-    rid, model, version, token, timeout_ms, explain, sent, inputs = fields
+    if not isinstance(fields, list) or len(fields) != 10:
+        raise ProtocolError("route header must be a 10-item array")
+    rid, model, version, token, timeout_ms, explain, sent, inputs, sequence, ends = fields
     if not isinstance(rid, bytes) or not isinstance(model, str):
         raise ProtocolError("route header has a bad request id or model name")
     if version is not None and not isinstance(version, str):
@@ -230,7 +248,10 @@ def parse_route(frame: bytes) -> Route:
         raise ProtocolError("route header has a bad send time")
     if type(inputs) is not int or inputs < 0:
         raise ProtocolError("route header has a bad input count")
-    return Route(rid, model, version, token, timeout_ms, bool(explain), sent, inputs)
+    if sequence is not None and not isinstance(sequence, str):
+        raise ProtocolError("route header has a bad sequence id")
+    return Route(rid, model, version, token, timeout_ms, bool(explain), sent, inputs, sequence,
+                 bool(ends))
 
 
 # -- BATCH: the controller hands a worker requests ------------------------------------------
@@ -256,23 +277,28 @@ class Request:
     payloads: list[bytes]
     kind: int = PREDICTION
     fid: bytes = b""
+    server_headers: dict[str, str] | None = None  # set by the controller, over the client's
 
     def handler_headers(self) -> dict[str, str]:
         """The headers its handler sees: the client's, without a mark only the server sets,
-        and the mark of the job's kind."""
+        and the mark of the job's kind and the server's own headers (a sequence's id)."""
         headers = self.headers
         if any(name.lower() in _MARKS for name in headers):
             headers = {k: v for k, v in headers.items() if k.lower() not in _MARKS}
         mark = KIND_MARKS.get(self.kind)
-        return headers if mark is None else {**headers, mark: "True"}
+        if mark is not None:
+            headers = {**headers, mark: "True"}
+        return headers if not self.server_headers else {**headers, **self.server_headers}
 
 
-def batch(requests: Iterable[tuple[bytes, int, bytes, Sequence[bytes]]]) -> list[bytes]:
-    """The BATCH message of (rid, kind, fid, [meta, payloads...]) as the controller holds
-    them."""
+def batch(requests: Iterable[tuple[bytes, int, bytes, Sequence[bytes], dict | None]]
+          ) -> list[bytes]:
+    """The BATCH message of (rid, kind, fid, [meta, payloads...], server headers or None) as
+    the controller holds them."""
     frames = [BATCH]
-    for rid, kind, fid, parts in requests:
-        frames.append(packb([rid, kind, fid]))
+    for rid, kind, fid, parts, server_headers in requests:
+        frames.append(packb([rid, kind, fid] if server_headers is None
+                            else [rid, kind, fid, server_headers]))
         frames.extend(parts)
     return frames
 
@@ -280,7 +306,8 @@ def batch(requests: Iterable[tuple[bytes, int, bytes, Sequence[bytes]]]) -> list
 def batch_of(requests: Iterable[Request]) -> list[bytes]:
     """The BATCH message of whole requests (``mservd run-handler`` and tests build one)."""
     return batch((r.rid, r.kind, r.fid,
-                  [packb([r.codec, [list(i) for i in r.inputs], r.headers]), *r.payloads])
+                  [packb([r.codec, [list(i) for i in r.inputs], r.headers]), *r.payloads],
+                  r.server_headers)
                  for r in requests)
 
 
@@ -300,21 +327,23 @@ def parse_batch(frames: Sequence[bytes]) -> list[Request]:
             raise ProtocolError("batch ends inside a request")
         job = unpackb(frames[i])
         meta = unpackb(frames[i + 1])
-        if not (isinstance(job, list) and len(job) == 3 and isinstance(job[0], bytes)
+        if not (isinstance(job, list) and len(job) in (3, 4) and isinstance(job[0], bytes)
                 and job[1] in (PREDICTION, EXPLANATION, DESCRIPTION)
-                and isinstance(job[2], bytes)):
-            raise ProtocolError("a batch's job header must be [rid, kind, fid]")
+                and isinstance(job[2], bytes)
+                and (len(job) == 3 or isinstance(job[3], dict))):
+            raise ProtocolError("a batch's job header must be [rid, kind, fid[, headers]]")
         if not (isinstance(meta, list) and len(meta) == 3 and meta[0] in CODECS
                 and isinstance(meta[1], list) and isinstance(meta[2], dict)):
             raise ProtocolError("a request's meta header must be [codec, inputs, headers]")
-        rid, kind, fid = job
+        rid, kind, fid = job[:3]
+        server_headers = job[3] if len(job) == 4 else None
         codec, inputs, headers = meta
         count = len(inputs)
         payloads = list(frames[i + 2 : i + 2 + count])
         if len(payloads) != count:
             raise ProtocolError(f"request {rid!r} announces {count} inputs, batch has fewer")
         requests.append(Request(rid, codec, [(str(a), str(b)) for a, b in inputs], headers,
-                                payloads, int(kind), fid))
+                                payloads, int(kind), fid, server_headers))
         i += 2 + count
     return requests
 

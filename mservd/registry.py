@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from mservd.advisor import LARGEST_BATCH, BatchCosts
 from mservd.batcher import Batcher
 from mservd.errors import Forbidden, ModelNotFound, ModelVersionNotFound
+from mservd.sequences import SequenceQueue
 from mservd.spinning import Spin
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class ModelVersion:
     load_error: str | None = None
     registered_at: float = field(default_factory=time.time)
     batch_seconds: float = 0.0  # recent time a worker takes for one batch (moving average)
-    batcher: Batcher = field(init=False)
+    batcher: Batcher | SequenceQueue = field(init=False)  # a stateful model's: SequenceQueue
     batch_costs: BatchCosts = field(init=False)  # the advisor's recent batch timings
     batches_since_sized: int = 0  # batchSize: auto re-sizes every SIZE_EVERY batches ...
     sized_at: float = 0.0  # ... SIZE_INTERVAL apart at least (monotonic seconds)
@@ -52,7 +53,14 @@ class ModelVersion:
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.batcher = Batcher(s.batch_size, s.max_batch_delay / 1000.0, s.job_queue_size)
+        if s.sequence_batching:
+            self.batcher = SequenceQueue(
+                f"Model {self.name} version {self.version}", s.batch_size,
+                s.max_batch_delay / 1000.0, s.job_queue_size, s.max_num_sequence,
+                s.max_sequence_job_queue_size, s.sequence_max_idle_ms / 1000.0,
+                s.sequence_timeout_ms / 1000.0)
+        else:
+            self.batcher = Batcher(s.batch_size, s.max_batch_delay / 1000.0, s.job_queue_size)
         self.batch_costs = BatchCosts()
         self.target_workers = s.min_workers
         self.max_workers = s.max_workers
@@ -80,6 +88,11 @@ class ModelVersion:
             document["maxBatchDelayNow"] = round(self.batcher.max_batch_delay * 1000.0, 3)
         if s.max_latency_ms:
             document["maxLatencyMs"] = s.max_latency_ms
+        if s.sequence_batching:
+            document.update({"sequenceBatching": True, "maxNumSequence": s.max_num_sequence,
+                             "maxSequenceJobQueueSize": s.max_sequence_job_queue_size,
+                             "sequenceMaxIdleMSec": s.sequence_max_idle_ms,
+                             "sequenceTimeoutMSec": s.sequence_timeout_ms})
         return document
 
     def live_count(self) -> int:

@@ -12,6 +12,10 @@ workers runs up to ``batch_size`` requests at once, a request is sent as soon as
 free, and each finishes (DONE) on its own; a client that goes away frees its slot
 (:class:`CancelRunning`). Its deadline moves with the worker's progress (each streamed part).
 
+A stateful model (``sequenceBatching``) queues each sequence's requests apart
+(:class:`~mservd.sequences.SequenceQueue`, its version's ``batcher``): each idle worker gets the
+next request of every sequence pinned to it, one of each at a time.
+
 A version idle after serving a lone client lends the worker that finished last to the
 frontend it answered (``leases.py``): a lent worker gets no batch here until it is recalled
 and has RETURNED (:meth:`Scheduler.returned`), and is recalled only when no worker of the
@@ -27,7 +31,14 @@ from typing import Union
 from mservd import protocol
 from mservd.advisor import advise, next_to_try
 from mservd.config import Settings
-from mservd.errors import DeadlineExceeded, MservdError, NoWorker, QueueFull, WorkerDied
+from mservd.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    MservdError,
+    NoWorker,
+    QueueFull,
+    WorkerDied,
+)
 from mservd.leases import Leases, Lend, Recall, Revoke
 from mservd.metrics import Metrics, VersionMetrics
 from mservd.protocol import DESCRIPTION, EXPLANATION, PREDICTION
@@ -43,7 +54,7 @@ class Pending:
     """A queued or running request: who asked, its frames, and its clock."""
 
     __slots__ = ("rid", "fid", "frames", "arrived", "deadline", "ends_by", "kind",
-                 "retried", "last_part")
+                 "retried", "last_part", "sequence", "ends_sequence", "server_headers")
 
     def __init__(self, rid: bytes, fid: bytes, frames: list[bytes], arrived: float,
                  deadline: float, kind: int = PREDICTION) -> None:
@@ -58,6 +69,9 @@ class Pending:
         self.kind = kind  # what it asks of the handler: PREDICTION, EXPLANATION, DESCRIPTION
         self.retried = False
         self.last_part: float | None = None  # when its last streamed part came
+        self.sequence: str | None = None  # a stateful model's sequence (sequences.py) ...
+        self.ends_sequence = False  # ... which this request ends
+        self.server_headers: dict[str, str] | None = None  # headers the worker adds: its id
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +164,15 @@ class Scheduler:
                               EXPLANATION if route.explain else PREDICTION)
             if mv.settings.continuous_batching:
                 pending.ends_by = arrived + self.request_timeout(route)
-            if not mv.batcher.add(pending):
+            if mv.settings.sequence_batching:
+                pending.sequence, pending.ends_sequence = route.sequence, route.ends_sequence
+                if route.sequence is not None and not 0 < len(route.sequence) <= 256:
+                    raise BadRequest("The ts_request_sequence_id header must have 1 to 256 "
+                                     "characters.")
+                added = mv.batcher.add_to_sequence(pending, now)
+            else:
+                added = mv.batcher.add(pending)
+            if not added:
                 raise QueueFull(
                     f"Model {mv.name} version {mv.version} has {mv.batcher.capacity} requests "
                     "queued (job_queue_size); retry later.",
@@ -267,6 +289,8 @@ class Scheduler:
             return []
         if mv.settings.continuous_batching:
             return self._fill_slots(mv, now)
+        if mv.settings.sequence_batching:
+            return self._run_sequences(mv, now)
         idle = [w for w in mv.workers.values()
                 if w.is_serving and w.id not in self.running]
         if self.leases.holders or self.leases.recalling:
@@ -289,13 +313,35 @@ class Scheduler:
             batch = mv.batcher.take(now, any_busy, share=share)
             if not batch:
                 break
-            counted = batch[0].kind != DESCRIPTION
-            if counted:
-                observe_waits(vm, batch, now)
-            self.running[worker.id] = Running(mv, {p.rid: p for p in batch}, now,
-                                              now + mv.settings.response_timeout, counted)
-            actions.append(SendBatch(worker, batch))
+            actions.append(self._send(mv, worker, batch, vm, now))
             any_busy = True
+        return actions
+
+    def _send(self, mv: ModelVersion, worker: Worker, batch: list[Pending],
+              vm: VersionMetrics, now: float) -> SendBatch:
+        """``batch`` leaves the queue for ``worker``: its waits counted (a describe call's
+        question is not the model's traffic), and it is running there until DONE."""
+        counted = batch[0].kind != DESCRIPTION
+        if counted:
+            observe_waits(vm, batch, now)
+        self.running[worker.id] = Running(mv, {p.rid: p for p in batch}, now,
+                                          now + mv.settings.response_timeout, counted)
+        return SendBatch(worker, batch)
+
+    def _run_sequences(self, mv: ModelVersion, now: float) -> list[Action]:
+        """A stateful model: each idle worker gets the next request of its sequences."""
+        live = [w.id for w in mv.workers.values() if w.is_serving]
+        actions: list[Action] = []
+        vm = self.metrics.version(mv.key)
+        for worker in mv.workers.values():
+            if not worker.is_serving or worker.id in self.running:
+                continue
+            batch = mv.batcher.take_for(worker.id, live, now)
+            if not batch:
+                continue
+            actions.append(self._send(mv, worker, batch, vm, now))
+            if not len(mv.batcher):
+                break
         return actions
 
     def _fill_slots(self, mv: ModelVersion, now: float) -> list[Action]:
@@ -351,6 +397,8 @@ class Scheduler:
         if mv.settings.continuous_batching:
             return self._finished_some(worker, running, results, now, answered)
         del self.running[worker.id]
+        if mv.settings.sequence_batching:
+            mv.batcher.finished(list(running.requests.values()), now)
         if not running.counted:
             return self._answered_question(running, results) + self.dispatch(mv, now)
         vm = self.metrics.version(mv.key)
@@ -362,7 +410,8 @@ class Scheduler:
         mv.batch_costs.add(len(running.requests), took,
                            full=len(running.requests) >= mv.batcher.batch_size)
         mv.target_spin.answers(len(results), now)
-        if mv.settings.auto_batch or mv.settings.max_latency_ms:
+        if (mv.settings.auto_batch or mv.settings.max_latency_ms) and not (
+                mv.settings.sequence_batching):  # a stateful batch holds its sequences
             held = len(running.requests) + len(mv.batcher) + self.running_requests(mv)
             self._size_batches(mv, now, held)
         actions: list[Action] = []
@@ -458,6 +507,8 @@ class Scheduler:
         if running is None:
             return actions
         mv = running.mv
+        if mv.settings.sequence_batching:  # its sequences go to the next idle worker
+            mv.batcher.worker_lost(worker.id)
         for pending in running.requests.values():
             if (not pending.retried and self.registry.has_version(mv.name, mv.version)
                     and any(w.is_serving and w is not worker for w in mv.workers.values())):
@@ -465,6 +516,8 @@ class Scheduler:
                 mv.batcher.push_front(pending)
             else:
                 actions.append(self.refuse(pending.fid, pending.rid, WorkerDied(), mv))
+                if mv.settings.sequence_batching:
+                    mv.batcher.finished([pending], now)
         return actions + self.dispatch(mv, now)
 
     # -- upkeep ---------------------------------------------------------------------
@@ -516,10 +569,15 @@ class Scheduler:
             del self.running[worker_id]
         return actions + self.dispatch(running.mv, now)
 
-    def next_wakeup(self, soonest: float) -> float:
-        """The earlier of ``soonest`` and when :meth:`tick` may next have something to do."""
+    def next_wakeup(self, soonest: float, now: float = float("-inf")) -> float:
+        """The earlier of ``soonest`` and when :meth:`tick` may next have something to do
+        (``now``: a stateful model's batch delays that have passed are no longer due)."""
         for mv in self.registry.all_versions():
-            if len(mv.batcher):
+            if len(mv.batcher) and mv.settings.sequence_batching:
+                when = mv.batcher.next_wakeup(now)
+                if when is not None and when < soonest:
+                    soonest = when
+            elif len(mv.batcher):
                 busy = any(w.id in self.running for w in mv.workers.values())
                 # a continuous worker takes more while it runs; any other only when it is idle:
                 # past its batch delay a queue with none idle would wake the loop in a spin (a

@@ -266,6 +266,12 @@ def answer_batch(handler, context, requests: list[protocol.Request], max_respons
         row_headers.extend([headers] * len(call.rows))
     ids = ",".join(request.rid.decode() for request, _, _ in running)
     context.begin_batch(row_ids, row_headers)
+    # a stateful model's sequence id goes back to the client, so that one that named none can
+    # go on with it (the handler may set the header to another)
+    for request, _, call in running:
+        sequence = (request.server_headers or {}).get(protocol.SEQUENCE_ID)
+        if sequence is not None:
+            context.set_response_header(call.first, protocol.SEQUENCE_ID, sequence)
     _tag_output(ids)
     try:
         outputs = handler.handle(rows, context)

@@ -175,8 +175,17 @@ def test_a_call_that_is_no_protobuf_is_invalid_argument_with_one_log_line_and_no
         list(stream(b"\xff\x01", metadata=ikey, timeout=30))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     daemon.wait_for_log("grpc.log", "StreamPredictions call that is no protobuf", since=mark)
+    both_ways = inference.stream_stream("/org.pytorch.serve.grpc.inference."
+                                        "InferenceAPIsService/StreamPredictions2", **raw)
+    with pytest.raises(grpc.RpcError) as err:  # a stranger's stream: refused unread
+        list(both_ways(iter([b"\xff\x01"]), timeout=30))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as err:
+        list(both_ways(iter([b"\xff\x01"]), metadata=ikey, timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    daemon.wait_for_log("grpc.log", "StreamPredictions2 call that is no protobuf", since=mark)
     written = daemon.read_log("grpc.log", mark)
-    assert written.count("that is no protobuf message") == 4
+    assert written.count("that is no protobuf message") == 5
     assert "Traceback" not in written and " ERROR " not in written
     assert inference.unary_unary("/inference.GRPCInferenceService/ServerLive", **raw)(
         b"", timeout=30) == b"\x08\x01"  # ServerLiveResponse(live=True): still served

@@ -44,7 +44,8 @@ def test_protocol_predict_message_announcing_more_inputs_than_it_has_is_an_error
     with pytest.raises(protocol.ProtocolError, match="announces 2 inputs"):
         next(requests)
     with pytest.raises(protocol.ProtocolError, match="input count"):
-        protocol.parse_route(protocol.packb([b"r", "m", None, None, None, False, 1.0, -1]))
+        protocol.parse_route(protocol.packb([b"r", "m", None, None, None, False, 1.0, -1, None,
+                                             False]))
 
 
 def test_protocol_route_carries_the_frontends_send_time_on_the_shared_clock() -> None:
@@ -52,7 +53,8 @@ def test_protocol_route_carries_the_frontends_send_time_on_the_shared_clock() ->
     frames = protocol.prediction(b"rid", "m", None, None, protocol.CODEC_TORCHSERVE, [], {}, [])
     assert before <= protocol.parse_route(frames[1]).sent <= time.monotonic()
     with pytest.raises(protocol.ProtocolError, match="send time"):
-        protocol.parse_route(protocol.packb([b"r", "m", None, None, None, False, "soon", 0]))
+        protocol.parse_route(protocol.packb([b"r", "m", None, None, None, False, "soon", 0,
+                                             None, False]))
 
 
 def test_protocol_batch_carries_each_requests_codec_inputs_headers_and_kind() -> None:
@@ -73,9 +75,38 @@ def test_protocol_controller_batch_forwards_the_predictions_meta_and_payloads() 
                                [("body", "text/plain")], {}, [b"hi"], explain=True)
     route = protocol.parse_route(sent[1])
     [request] = protocol.parse_batch(
-        protocol.batch([(route.rid, protocol.EXPLANATION, b"frontend", sent[2:])])[1:])
+        protocol.batch([(route.rid, protocol.EXPLANATION, b"frontend", sent[2:], None)])[1:])
     assert (request.rid, request.kind, request.fid, request.payloads) == (
         b"r", protocol.EXPLANATION, b"frontend", [b"hi"])
+
+
+def test_protocol_route_carries_the_clients_sequence_headers() -> None:
+    plain = protocol.parse_route(protocol.prediction(
+        b"r", "m", None, None, protocol.CODEC_TORCHSERVE, [], {}, [])[1])
+    assert (plain.sequence, plain.ends_sequence) == (None, False)
+    for end, ends in (("true", True), ("True", True), ("1", True), ("false", False),
+                      ("", False)):
+        route = protocol.parse_route(protocol.prediction(
+            b"r", "m", None, None, protocol.CODEC_TORCHSERVE, [],
+            {"ts_request_sequence_id": "seq-7", "ts_request_sequence_end": end}, [])[1])
+        assert (route.sequence, route.ends_sequence) == ("seq-7", ends)
+    with pytest.raises(protocol.ProtocolError, match="sequence id"):
+        protocol.parse_route(protocol.packb([b"r", "m", None, None, None, False, 1.0, 0, 7,
+                                             False]))
+
+
+def test_protocol_server_headers_reach_the_handler_over_the_clients_own() -> None:
+    sent = protocol.prediction(b"r", "m", None, None, protocol.CODEC_TORCHSERVE,
+                               [("body", "text/plain")],
+                               {"ts_request_sequence_id": "mine", "x": "1"}, [b"hi"])
+    server = {"ts_request_sequence_id": "ts-seq-1", "ts_request_sequence_start": "true"}
+    [request] = protocol.parse_batch(
+        protocol.batch([(b"r", protocol.PREDICTION, b"f", sent[2:], server)])[1:])
+    assert request.server_headers == server
+    assert request.handler_headers() == {"ts_request_sequence_id": "ts-seq-1",
+                                         "ts_request_sequence_start": "true", "x": "1"}
+    with pytest.raises(protocol.ProtocolError, match="job header"):
+        protocol.parse_batch([protocol.packb([b"r", 0, b"f", "not a dict"]), sent[2], sent[3]])
 
 
 @pytest.mark.parametrize("frames", [
@@ -148,7 +179,7 @@ def test_protocol_management_calls_and_worker_reports_round_trip() -> None:
 def test_protocol_unknown_kind_and_bad_route_are_protocol_errors() -> None:
     with pytest.raises(protocol.ProtocolError, match="unknown message kind"):
         protocol.kind_of([b"HTTP/1.1 GET"])
-    with pytest.raises(protocol.ProtocolError, match="8-item array"):
+    with pytest.raises(protocol.ProtocolError, match="10-item array"):
         protocol.parse_route(protocol.packb(["too", "short"]))
 
 

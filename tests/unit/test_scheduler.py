@@ -19,13 +19,13 @@ from mservd.worker_handle import Worker, WorkerState
 FRONTEND = b"frontend-1"
 
 
-def setup(workers: int = 1, settings: Settings | None = None, **api) -> tuple[Scheduler,
-                                                                               ModelVersion]:
+def setup(workers: int = 1, settings: Settings | None = None, model_yaml: dict | None = None,
+          **api) -> tuple[Scheduler, ModelVersion]:
     settings = settings or Settings()
     registry = Registry()
-    model = resolve_model_settings(settings, "m", "1.0", api=api or None)
+    model = resolve_model_settings(settings, "m", "1.0", model_yaml=model_yaml, api=api or None)
     mv = ModelVersion(name="m", version="1.0", url="m.mar", model_dir=Path("/nowhere"),
-                      manifest={}, settings=model, model_yaml={})
+                      manifest={}, settings=model, model_yaml=model_yaml or {})
     registry.add(mv)
     for i in range(workers):
         worker = Worker(str(9000 + i), "m", "1.0", proc=None, gpu_id=None, mv=mv)

@@ -41,6 +41,7 @@ log = logging.getLogger("mservd.frontends.grpc")
 # the inference port's methods whose messages carry inputs, and a token: asked about first
 PREDICTIONS = ("/org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions",
                "/org.pytorch.serve.grpc.inference.InferenceAPIsService/StreamPredictions",
+               "/org.pytorch.serve.grpc.inference.InferenceAPIsService/StreamPredictions2",
                "/inference.GRPCInferenceService/ModelInfer")
 
 

@@ -1,6 +1,10 @@
-"""TorchServe's gRPC services: ``InferenceAPIsService`` (Ping, Predictions, StreamPredictions)
-and ``ManagementAPIsService``, each call turned into the same controller message as the REST
-route it mirrors. Answers are the REST answers' bodies; errors abort with the mapped code.
+"""TorchServe's gRPC services: ``InferenceAPIsService`` (Ping, Predictions, StreamPredictions,
+StreamPredictions2) and ``ManagementAPIsService``, each call turned into the same controller
+message as the REST route it mirrors. Answers are the REST answers' bodies; errors abort with
+the mapped code, but on StreamPredictions2, where each is one request's answer's ``status``.
+
+A request's ``sequence_id`` names its stateful model's sequence, as the
+``ts_request_sequence_id`` header does over HTTP; the answer says the sequence it ran in.
 """
 
 from __future__ import annotations
@@ -93,6 +97,12 @@ async def remembering(bridge: AsyncBridge, api: str, token: str | None,
     return reply
 
 
+def sequence_of(reply: Reply) -> dict[str, str]:
+    """The answer's sequence id, from its header (a stateful model's answers carry it)."""
+    sequence = (reply.headers or {}).get(protocol.SEQUENCE_ID)
+    return {"sequence_id": sequence} if sequence else {}
+
+
 class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
     def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool) -> None:
         self.bridge = bridge
@@ -108,36 +118,71 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
 
     async def Predictions(self, request, context):
         reply = await self._predict(request, context, stream=False)
-        return inference_pb2.PredictionResponse(prediction=reply.body)
+        return inference_pb2.PredictionResponse(prediction=reply.body, **sequence_of(reply))
 
     async def StreamPredictions(self, request, context):
         """One response per part a streaming handler sends, the final answer last (TorchServe's
         send_intermediate_predict_response); one response for any other handler."""
         reply = await self._predict(request, context, stream=True)
-        yield inference_pb2.PredictionResponse(prediction=reply.body)
+        yield inference_pb2.PredictionResponse(prediction=reply.body, **sequence_of(reply))
         if reply.stream is not None:
             async for body in reply.stream:
                 yield inference_pb2.PredictionResponse(prediction=body)
 
+    async def StreamPredictions2(self, requests, context):
+        """TorchServe's stream of a stateful model's sequence: each request is answered in
+        turn, a failed one with the answer's ``status`` (the stream goes on). A request that
+        names no sequence continues the one of the stream's first answer (the server opened
+        it for the first request when that named none)."""
+        sequence = ""
+        async for request in requests:
+            if not request.sequence_id and sequence:
+                request.sequence_id = sequence
+            try:
+                reply = await (await self._call(request, context, False))
+            except BadRequest as exc:
+                reply = Reply.error(exc)
+            except (ControllerGone, TooManyQuestions) as exc:
+                reply = Reply(503, {"code": 503, "type": "ServiceUnavailableException",
+                                    "message": str(exc)})
+            if reply.status >= 400:
+                code = status_code(reply.status).value[0]
+                yield inference_pb2.PredictionResponse(
+                    sequence_id=request.sequence_id,
+                    status=inference_pb2.Status(code=code, message=error_message(reply.body)))
+                continue
+            answer = inference_pb2.PredictionResponse(prediction=reply.body,
+                                                      **sequence_of(reply))
+            sequence = sequence or answer.sequence_id
+            yield answer
+
     async def _predict(self, request, context, stream: bool) -> Reply:
+        try:
+            call = await self._call(request, context, stream)
+        except BadRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        return await ask(context, call)
+
+    async def _call(self, request, context, stream: bool) -> Awaitable[Reply]:
+        """The request, checked and sent to the controller: its answer, to await. Raises
+        BadRequest for a request without a model or an input."""
         if not request.model_name:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "PredictionsRequest.model_name is required.")
+            raise BadRequest("PredictionsRequest.model_name is required.")
         if not request.input:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "PredictionsRequest.input is empty: send at least one input, "
-                                "e.g. input={'data': b'...'}.")
+            raise BadRequest("PredictionsRequest.input is empty: send at least one input, "
+                             "e.g. input={'data': b'...'}.")
         rid = str(uuid.uuid4()).encode()
         names = list(request.input)
         token = metadata_token(context, self.auth)
+        headers = forwarded_metadata(context)
+        if request.sequence_id:
+            headers[protocol.SEQUENCE_ID] = request.sequence_id
         frames = protocol.prediction(
             rid, request.model_name, request.model_version or None, token,
-            protocol.CODEC_TORCHSERVE,
-            [(n, "application/octet-stream") for n in names], forwarded_metadata(context),
-            [request.input[n] for n in names], timeout_ms=await deadline_ms(context))
-        return await ask(context, remembering(
-            self.bridge, protocol.API_INFERENCE, token,
-            self.bridge.call(rid, frames, self.reply_timeout, stream)))
+            protocol.CODEC_TORCHSERVE, [(n, "application/octet-stream") for n in names],
+            headers, [request.input[n] for n in names], timeout_ms=await deadline_ms(context))
+        return remembering(self.bridge, protocol.API_INFERENCE, token,
+                           self.bridge.call(rid, frames, self.reply_timeout, stream))
 
 
 class ManagementAPIs(management_pb2_grpc.ManagementAPIsServiceServicer):

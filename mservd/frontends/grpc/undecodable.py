@@ -61,9 +61,22 @@ def _unary_stream(method: str, behavior: Callable) -> Callable:
     return call
 
 
+def _stream_stream(method: str, behavior: Callable) -> Callable:
+    """A stream of requests (StreamPredictions2): one that is no protobuf ends the call."""
+    async def call(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def checked() -> Any:
+            async for request in requests:
+                if isinstance(request, Undecodable):
+                    await _refuse(method, request, context)
+                yield request
+        async for answer in behavior(checked(), context):
+            yield answer
+    return call
+
+
 class RefuseUndecodable(grpc.aio.ServerInterceptor):
-    """Every method of the servers' unary-request services, wrapped once and kept (the
-    services have no method whose requests stream)."""
+    """Every method of the servers' services, wrapped once and kept: those whose requests
+    come one per call, and the one whose requests and answers stream both ways."""
 
     def __init__(self) -> None:
         self.handlers: dict[str, grpc.RpcMethodHandler | None] = {}
@@ -74,14 +87,17 @@ class RefuseUndecodable(grpc.aio.ServerInterceptor):
         if method in self.handlers:
             return self.handlers[method]
         handler = await continuation(details)
-        if handler is not None and handler.request_deserializer is not None \
-                and not handler.request_streaming:
+        if handler is not None and handler.request_deserializer is not None:
             decode = _tolerant(handler.request_deserializer)
-            if handler.response_streaming:
+            if handler.request_streaming and handler.response_streaming:
+                handler = handler._replace(request_deserializer=decode,
+                                           stream_stream=_stream_stream(method,
+                                                                        handler.stream_stream))
+            elif handler.response_streaming and not handler.request_streaming:
                 handler = handler._replace(request_deserializer=decode,
                                            unary_stream=_unary_stream(method,
                                                                       handler.unary_stream))
-            else:
+            elif not handler.request_streaming:
                 handler = handler._replace(request_deserializer=decode,
                                            unary_unary=_unary_unary(method,
                                                                     handler.unary_unary))

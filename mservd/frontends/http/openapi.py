@@ -33,8 +33,9 @@ _ERROR_WHY = {
     409: "The model version is already registered.",
     413: "The request body exceeds max_request_size.",
     500: "A handler raised, a worker died, or the model's workers failed to start.",
-    503: "No live worker, the model's queue is full (with Retry-After), or the daemon is "
-         "stopping.",
+    503: "No live worker, the model's queue is full (with Retry-After), the daemon is "
+         "stopping, or a stateful model has as many sequences open as it allows, or this "
+         "sequence as many requests queued.",
     504: "The request's deadline passed before a worker took it.",
     507: "The worker ran out of memory.",
 }
@@ -135,6 +136,18 @@ def _prediction(operation_id: str, summary: str, versioned: bool, explain: bool)
         "description": "The longest the request may wait in the queue, in milliseconds; past "
                        "it the answer is 504.",
         "schema": {"type": "number", "minimum": 0},
+    })
+    parameters.append({
+        "name": "ts_request_sequence_id", "in": "header", "required": False,
+        "description": "A stateful model's sequence this request belongs to (sequenceBatching):"
+                       " its requests run in order on one worker. Without it a stateful model "
+                       "opens a new sequence; the answer's header of the same name says which.",
+        "schema": {"type": "string", "minLength": 1, "maxLength": 256},
+    })
+    parameters.append({
+        "name": "ts_request_sequence_end", "in": "header", "required": False,
+        "description": "`true`: this request is its sequence's last.",
+        "schema": {"type": "string", "enum": ["true", "false"]},
     })
     any_content = {"schema": {}}
     return {

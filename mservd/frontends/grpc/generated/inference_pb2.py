@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import empty_pb2 as google_dot_protobuf_dot_empty__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0finference.proto\x12 org.pytorch.serve.grpc.inference\x1a\x1bgoogle/protobuf/empty.proto\"\xe5\x01\n\x12PredictionsRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12N\n\x05input\x18\x03 \x03(\x0b\x32?.org.pytorch.serve.grpc.inference.PredictionsRequest.InputEntry\x12\x17\n\nsequenceId\x18\x04 \x01(\tH\x00\x88\x01\x01\x1a,\n\nInputEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\x42\r\n\x0b_sequenceId\"P\n\x12PredictionResponse\x12\x12\n\nprediction\x18\x01 \x01(\x0c\x12\x17\n\nsequenceId\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\r\n\x0b_sequenceId\"*\n\x18TorchServeHealthResponse\x12\x0e\n\x06health\x18\x01 \x01(\t2\xf7\x02\n\x14InferenceAPIsService\x12\\\n\x04Ping\x12\x16.google.protobuf.Empty\x1a:.org.pytorch.serve.grpc.inference.TorchServeHealthResponse\"\x00\x12{\n\x0bPredictions\x12\x34.org.pytorch.serve.grpc.inference.PredictionsRequest\x1a\x34.org.pytorch.serve.grpc.inference.PredictionResponse\"\x00\x12\x83\x01\n\x11StreamPredictions\x12\x34.org.pytorch.serve.grpc.inference.PredictionsRequest\x1a\x34.org.pytorch.serve.grpc.inference.PredictionResponse\"\x00\x30\x01\x42\x02P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0finference.proto\x12 org.pytorch.serve.grpc.inference\x1a\x1bgoogle/protobuf/empty.proto\"\xe7\x01\n\x12PredictionsRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12N\n\x05input\x18\x03 \x03(\x0b\x32?.org.pytorch.serve.grpc.inference.PredictionsRequest.InputEntry\x12\x18\n\x0bsequence_id\x18\x04 \x01(\tH\x00\x88\x01\x01\x1a,\n\nInputEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\x42\x0e\n\x0c_sequence_id\"\x9c\x01\n\x12PredictionResponse\x12\x12\n\nprediction\x18\x01 \x01(\x0c\x12\x18\n\x0bsequence_id\x18\x02 \x01(\tH\x00\x88\x01\x01\x12=\n\x06status\x18\x03 \x01(\x0b\x32(.org.pytorch.serve.grpc.inference.StatusH\x01\x88\x01\x01\x42\x0e\n\x0c_sequence_idB\t\n\x07_status\"\'\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"*\n\x18TorchServeHealthResponse\x12\x0e\n\x06health\x18\x01 \x01(\t2\x80\x04\n\x14InferenceAPIsService\x12\\\n\x04Ping\x12\x16.google.protobuf.Empty\x1a:.org.pytorch.serve.grpc.inference.TorchServeHealthResponse\"\x00\x12{\n\x0bPredictions\x12\x34.org.pytorch.serve.grpc.inference.PredictionsRequest\x1a\x34.org.pytorch.serve.grpc.inference.PredictionResponse\"\x00\x12\x83\x01\n\x11StreamPredictions\x12\x34.org.pytorch.serve.grpc.inference.PredictionsRequest\x1a\x34.org.pytorch.serve.grpc.inference.PredictionResponse\"\x00\x30\x01\x12\x86\x01\n\x12StreamPredictions2\x12\x34.org.pytorch.serve.grpc.inference.PredictionsRequest\x1a\x34.org.pytorch.serve.grpc.inference.PredictionResponse\"\x00(\x01\x30\x01\x42\x02P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,13 +36,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREDICTIONSREQUEST_INPUTENTRY']._loaded_options = None
   _globals['_PREDICTIONSREQUEST_INPUTENTRY']._serialized_options = b'8\001'
   _globals['_PREDICTIONSREQUEST']._serialized_start=83
-  _globals['_PREDICTIONSREQUEST']._serialized_end=312
-  _globals['_PREDICTIONSREQUEST_INPUTENTRY']._serialized_start=253
-  _globals['_PREDICTIONSREQUEST_INPUTENTRY']._serialized_end=297
-  _globals['_PREDICTIONRESPONSE']._serialized_start=314
-  _globals['_PREDICTIONRESPONSE']._serialized_end=394
-  _globals['_TORCHSERVEHEALTHRESPONSE']._serialized_start=396
-  _globals['_TORCHSERVEHEALTHRESPONSE']._serialized_end=438
-  _globals['_INFERENCEAPISSERVICE']._serialized_start=441
-  _globals['_INFERENCEAPISSERVICE']._serialized_end=816
+  _globals['_PREDICTIONSREQUEST']._serialized_end=314
+  _globals['_PREDICTIONSREQUEST_INPUTENTRY']._serialized_start=254
+  _globals['_PREDICTIONSREQUEST_INPUTENTRY']._serialized_end=298
+  _globals['_PREDICTIONRESPONSE']._serialized_start=317
+  _globals['_PREDICTIONRESPONSE']._serialized_end=473
+  _globals['_STATUS']._serialized_start=475
+  _globals['_STATUS']._serialized_end=514
+  _globals['_TORCHSERVEHEALTHRESPONSE']._serialized_start=516
+  _globals['_TORCHSERVEHEALTHRESPONSE']._serialized_end=558
+  _globals['_INFERENCEAPISSERVICE']._serialized_start=561
+  _globals['_INFERENCEAPISSERVICE']._serialized_end=1073
 # @@protoc_insertion_point(module_scope)

@@ -50,6 +50,11 @@ class InferenceAPIsServiceStub:
                 request_serializer=inference__pb2.PredictionsRequest.SerializeToString,
                 response_deserializer=inference__pb2.PredictionResponse.FromString,
                 _registered_method=True)
+        self.StreamPredictions2 = channel.stream_stream(
+                '/org.pytorch.serve.grpc.inference.InferenceAPIsService/StreamPredictions2',
+                request_serializer=inference__pb2.PredictionsRequest.SerializeToString,
+                response_deserializer=inference__pb2.PredictionResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceAPIsServiceServicer:
@@ -73,6 +78,13 @@ class InferenceAPIsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamPredictions2(self, request_iterator, context):
+        """A stateful model's sequence on one stream: each request answered in turn.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceAPIsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -88,6 +100,11 @@ def add_InferenceAPIsServiceServicer_to_server(servicer, server):
             ),
             'StreamPredictions': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamPredictions,
+                    request_deserializer=inference__pb2.PredictionsRequest.FromString,
+                    response_serializer=inference__pb2.PredictionResponse.SerializeToString,
+            ),
+            'StreamPredictions2': grpc.stream_stream_rpc_method_handler(
+                    servicer.StreamPredictions2,
                     request_deserializer=inference__pb2.PredictionsRequest.FromString,
                     response_serializer=inference__pb2.PredictionResponse.SerializeToString,
             ),
@@ -171,6 +188,33 @@ class InferenceAPIsService:
             request,
             target,
             '/org.pytorch.serve.grpc.inference.InferenceAPIsService/StreamPredictions',
+            inference__pb2.PredictionsRequest.SerializeToString,
+            inference__pb2.PredictionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamPredictions2(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/org.pytorch.serve.grpc.inference.InferenceAPIsService/StreamPredictions2',
             inference__pb2.PredictionsRequest.SerializeToString,
             inference__pb2.PredictionResponse.FromString,
             options,

@@ -1,0 +1,283 @@
+"""The queue of a stateful model version: TorchServe's sequence batching.
+
+A stateful handler keeps each sequence's state (an LSTM's hidden state, a conversation) in its
+worker's memory, keyed by ``context.get_sequence_id(idx)``. So the requests of one sequence
+must run on one worker, in the order they came, one at a time; a batch takes at most one
+request from each sequence. This queue holds each sequence's requests apart and hands each
+idle worker the next request of every sequence pinned to it.
+
+Pure and clock-free like :class:`~mservd.batcher.Batcher`, whose interface the scheduler
+uses for every version (length, expiry, removal, draining); the sequence-only parts are
+:meth:`SequenceQueue.add_to_sequence`, :meth:`SequenceQueue.take_for`,
+:meth:`SequenceQueue.finished` and :meth:`SequenceQueue.worker_lost`.
+
+As in TorchServe:
+
+* a request names its sequence in the ``ts_request_sequence_id`` header; one without gets a
+  new id, ``ts-seq-<uuid4>``, and ``ts_request_sequence_start: true``, both shown to the
+  handler as request headers (and the id sent back as a response header, so that the client
+  can go on with it);
+* at most ``maxNumSequence`` sequences are open, each queueing at most
+  ``maxSequenceJobQueueSize`` requests; past either the request is refused 503;
+* a sequence closes when it has had nothing queued or running for ``sequenceMaxIdleMSec``
+  (0: as soon as it has nothing), when ``sequenceTimeoutMSec`` has passed since it opened and
+  it has nothing, or when its request sent with ``ts_request_sequence_end: true`` is answered
+  and nothing is queued behind it; a request for a closed or unknown id opens it again;
+* each worker holds up to its share of ``maxNumSequence`` (rounded up): a new sequence goes to
+  the first idle worker with room, and stays there. A worker that dies or is stopped leaves
+  its sequences to the others (the handler's state for them is lost with it).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from collections.abc import Callable, Collection
+from typing import Generic, Protocol, TypeVar
+
+from mservd.errors import SequenceRefused
+from mservd.protocol import SEQUENCE_ID, SEQUENCE_START
+
+
+class Sequenced(Protocol):
+    arrived: float
+    deadline: float
+    kind: int
+    sequence: str | None
+    ends_sequence: bool
+    server_headers: dict[str, str] | None
+
+
+T = TypeVar("T", bound=Sequenced)
+
+
+class Sequence(Generic[T]):
+    """One open sequence: its queued requests and the worker it is pinned to."""
+
+    __slots__ = ("id", "queue", "worker", "running", "opened", "idle_since")
+
+    def __init__(self, sequence_id: str, now: float) -> None:
+        self.id = sequence_id
+        self.queue: deque[T] = deque()
+        self.worker: str | None = None  # the worker its handler state lives in
+        self.running = False  # one of its requests is in a worker's batch now
+        self.opened = now
+        self.idle_since = now  # when it last had nothing queued or running
+
+
+class SequenceQueue(Generic[T]):
+    def __init__(self, what: str, batch_size: int, max_batch_delay: float, capacity: int,
+                 max_sequences: int, sequence_capacity: int, max_idle: float,
+                 lifetime: float) -> None:
+        """``what`` names the version in refusals ("Model m version 1.0"); times in seconds
+        (``lifetime`` 0: none); ``capacity`` bounds all requests queued (job_queue_size)."""
+        self.what = what
+        self.batch_size = max(1, batch_size)
+        self.max_batch_delay = max(0.0, max_batch_delay)
+        self.capacity = max(1, capacity)
+        self.max_sequences = max(1, max_sequences)
+        self.sequence_capacity = max(1, sequence_capacity)
+        self.max_idle = max(0.0, max_idle)
+        self.lifetime = max(0.0, lifetime)
+        self._sequences: dict[str, Sequence[T]] = {}
+        self._questions: deque[T] = deque()  # describe calls' questions: in no sequence
+        self._queued = 0
+
+    def __len__(self) -> int:
+        return self._queued
+
+    @property
+    def remaining_capacity(self) -> int:
+        return self.capacity - self._queued
+
+    def open_count(self, now: float) -> int:
+        """Sequences open now (the closed ones are forgotten on the way)."""
+        self._close_expired(now)
+        return len(self._sequences)
+
+    # -- arriving -----------------------------------------------------------------------
+
+    def add(self, item: T) -> bool:
+        """A describe call's question to the handler: in no sequence, it runs alone on the
+        next idle worker."""
+        if self._queued >= self.capacity:
+            return False
+        self._questions.append(item)
+        self._queued += 1
+        return True
+
+    def add_to_sequence(self, item: T, now: float) -> bool:
+        """Queue ``item`` in its sequence, opening it if need be; False when the version's
+        whole queue is full (job_queue_size). Raises SequenceRefused past maxNumSequence or
+        past the sequence's own queue."""
+        if self._queued >= self.capacity:
+            return False
+        headers = {}
+        if item.sequence is None:
+            item.sequence = f"ts-seq-{uuid.uuid4()}"
+            headers[SEQUENCE_START] = "true"
+        sequence = self._sequences.get(item.sequence)
+        if sequence is not None and self._expired(sequence, now):
+            del self._sequences[sequence.id]
+            sequence = None
+        if sequence is None:
+            if len(self._sequences) >= self.max_sequences:
+                self._close_expired(now)
+            if len(self._sequences) >= self.max_sequences:
+                raise SequenceRefused(
+                    f"{self.what} has {len(self._sequences)} sequences open, as many as it "
+                    f"allows (maxNumSequence); sequence {item.sequence} cannot start. Retry "
+                    "when one ends (ts_request_sequence_end) or has been idle for "
+                    "sequenceMaxIdleMSec.")
+            sequence = self._sequences[item.sequence] = Sequence(item.sequence, now)
+        if len(sequence.queue) >= self.sequence_capacity:
+            raise SequenceRefused(
+                f"Sequence {sequence.id} of {self.what[0].lower()}{self.what[1:]} has "
+                f"{len(sequence.queue)} requests "
+                "queued, as many as it allows (maxSequenceJobQueueSize); send the next one "
+                "when an answer comes.")
+        headers[SEQUENCE_ID] = sequence.id
+        item.server_headers = headers
+        sequence.queue.append(item)
+        self._queued += 1
+        return True
+
+    def push_front(self, item: T) -> None:
+        """Put back a request whose worker died, first in its sequence and past the bounds."""
+        sequence = self._sequences.get(item.sequence or "")
+        if sequence is None:
+            sequence = self._sequences[item.sequence] = Sequence(item.sequence, item.arrived)
+        sequence.queue.appendleft(item)
+        self._queued += 1
+
+    # -- batches ------------------------------------------------------------------------
+
+    def take_for(self, worker: str, live: Collection[str], now: float) -> list[T]:
+        """The batch idle ``worker`` should run now: the next request of each sequence pinned
+        to it, then of sequences that no live worker holds (up to its share of
+        maxNumSequence among ``live``, the serving workers' ids), at most ``batch_size``, all
+        of one kind. ``[]`` to keep waiting: while fewer are ready than the batch holds and
+        other sequences of this worker may send soon, up to ``max_batch_delay`` from the
+        oldest's arrival."""
+        if self._questions:
+            self._queued -= 1
+            return [self._questions.popleft()]
+        self._close_expired(now)  # a closed sequence holds no room on its worker
+        share = -(-self.max_sequences // max(1, len(live)))
+        held, waiting = 0, False
+        ready: list[Sequence[T]] = []
+        free: list[Sequence[T]] = []
+        for sequence in self._sequences.values():
+            if sequence.worker == worker:
+                held += 1
+                if sequence.queue and not sequence.running:
+                    ready.append(sequence)
+                elif not sequence.running:
+                    waiting = True
+            elif sequence.queue and not sequence.running and (
+                    sequence.worker is None or sequence.worker not in live):
+                free.append(sequence)
+        ready += free[:max(0, share - held)]
+        if not ready:
+            return []
+        ready.sort(key=lambda s: s.queue[0].arrived)
+        if (waiting and len(ready) < self.batch_size
+                and now < ready[0].queue[0].arrived + self.max_batch_delay):
+            return []
+        kind = ready[0].queue[0].kind
+        taken = []
+        for sequence in ready:
+            if len(taken) >= self.batch_size:
+                break
+            if sequence.queue[0].kind != kind:
+                continue
+            taken.append(sequence.queue.popleft())
+            sequence.running = True
+            sequence.worker = worker
+        self._queued -= len(taken)
+        return taken
+
+    def finished(self, items: Collection[T], now: float) -> None:
+        """``items`` left their worker (answered or failed): their sequences may send the
+        next request; one that ended, or has nothing left, starts its idle time."""
+        for item in items:
+            sequence = self._sequences.get(item.sequence or "")
+            if sequence is None:
+                continue
+            sequence.running = False
+            if not sequence.queue:
+                sequence.idle_since = now
+                if item.ends_sequence or self._expired(sequence, now):
+                    del self._sequences[sequence.id]
+
+    def worker_lost(self, worker: str) -> None:
+        """``worker`` is gone: its sequences go to the next idle worker with room."""
+        for sequence in self._sequences.values():
+            if sequence.worker == worker:
+                sequence.worker = None
+                sequence.running = False
+
+    # -- the Batcher interface the scheduler uses for every version ---------------------
+
+    def oldest_wait(self, now: float) -> float:
+        heads = [s.queue[0].arrived for s in self._sequences.values() if s.queue]
+        if self._questions:
+            heads.append(self._questions[0].arrived)
+        return now - min(heads) if heads else 0.0
+
+    def expire(self, now: float) -> list[T]:
+        """Take out the queued requests whose deadline has passed."""
+        if not self._queued:
+            return []
+        return self.remove(lambda item: item.deadline <= now, now)
+
+    def remove(self, predicate: Callable[[T], bool], now: float | None = None) -> list[T]:
+        """Take out the queued requests ``predicate`` selects (a cancelled one, a deadline)."""
+        removed = [item for item in self._questions if predicate(item)]
+        if removed:
+            self._questions = deque(item for item in self._questions if not predicate(item))
+        for sequence in self._sequences.values():
+            if not sequence.queue or not any(predicate(item) for item in sequence.queue):
+                continue
+            kept: deque[T] = deque()
+            for item in sequence.queue:
+                (removed if predicate(item) else kept).append(item)
+            sequence.queue = kept
+            if not kept and not sequence.running and now is not None:
+                sequence.idle_since = now
+        self._queued -= len(removed)
+        return removed
+
+    def drain(self) -> list[T]:
+        items = [*self._questions, *(item for s in self._sequences.values() for item in s.queue)]
+        self._sequences.clear()
+        self._questions.clear()
+        self._queued = 0
+        return items
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When :meth:`take_for` or :meth:`expire` may next have something to do: the soonest
+        deadline, or the end of a batch delay still to come (never a time past: a request
+        waiting on its busy worker is taken when that worker answers)."""
+        soonest = min((item.deadline for item in self._questions), default=None)
+        for sequence in self._sequences.values():
+            for item in sequence.queue:
+                if soonest is None or item.deadline < soonest:
+                    soonest = item.deadline
+            if sequence.queue and self.max_batch_delay:
+                due = sequence.queue[0].arrived + self.max_batch_delay
+                if due > now and (soonest is None or due < soonest):
+                    soonest = due
+        return soonest
+
+    # -- closing ------------------------------------------------------------------------
+
+    def _expired(self, sequence: Sequence[T], now: float) -> bool:
+        if sequence.running or sequence.queue:
+            return False
+        return (now - sequence.idle_since >= self.max_idle
+                or (self.lifetime > 0 and now - sequence.opened >= self.lifetime))
+
+    def _close_expired(self, now: float) -> None:
+        for sequence in [s for s in self._sequences.values() if self._expired(s, now)]:
+            del self._sequences[sequence.id]

@@ -1,0 +1,210 @@
+"""A stateful model's sequences (TorchServe's sequenceBatching), as the scheduler runs them with
+a fake clock: pinned to a worker, one request of each at a time, bounded, and closed."""
+
+from __future__ import annotations
+
+import logging
+
+from test_scheduler import setup as scheduler_setup
+
+from mservd import protocol
+from mservd.config import Settings
+from mservd.registry import ModelVersion
+from mservd.scheduler import Forward, Refuse, Scheduler, SendBatch
+from mservd.sequences import SequenceQueue
+from mservd.worker_handle import WorkerState
+
+FRONTEND = b"frontend-1"
+STATEFUL = {"sequenceBatching": True, "batchSize": 4, "maxBatchDelay": 0,
+            "maxNumSequence": 4, "maxSequenceJobQueueSize": 3, "sequenceMaxIdleMSec": 1000}
+
+
+def setup(workers: int = 2, settings: Settings | None = None,
+          **yaml) -> tuple[Scheduler, ModelVersion]:
+    return scheduler_setup(workers, settings, model_yaml={**STATEFUL, **yaml})
+
+
+def submit(s: Scheduler, rid: bytes, sequence: str | None, now: float, ends: bool = False,
+           **kwargs):
+    route = protocol.Route(rid, "m", None, None, sent=now, sequence=sequence,
+                           ends_sequence=ends, **kwargs)
+    return s.submit(FRONTEND, route, [], now=now)
+
+
+def ok(*rids: bytes) -> list[protocol.Result]:
+    return [protocol.Result(rid, protocol.head(200), b"{}") for rid in rids]
+
+
+def sent(actions) -> list[tuple[str, list[bytes]]]:
+    return [(a.worker.id, [p.rid for p in a.requests]) for a in actions
+            if isinstance(a, SendBatch)]
+
+
+def test_sequence_settings_are_read_from_model_config_and_shown_as_torchserve_names() -> None:
+    s, mv = setup()
+    assert isinstance(mv.batcher, SequenceQueue)
+    assert mv.settings_document() | STATEFUL == mv.settings_document()
+    assert mv.settings.sequence_timeout_ms == 0  # TorchServe's default: no lifetime
+
+
+def test_sequence_batching_is_not_applied_with_continuous_batching(caplog) -> None:
+    with caplog.at_level(logging.WARNING):
+        s, mv = setup(continuousBatching=True)
+    assert not mv.settings.sequence_batching and not isinstance(mv.batcher, SequenceQueue)
+    assert "sequenceBatching is not applied with continuousBatching" in caplog.text
+
+
+def test_a_sequence_runs_one_request_at_a_time_in_the_order_sent() -> None:
+    s, mv = setup(workers=1)
+    assert sent(submit(s, b"a1", "A", 0.0)) == [("9000", [b"a1"])]
+    assert submit(s, b"a2", "A", 0.01) == []
+    assert submit(s, b"a3", "A", 0.02) == []
+    actions = s.finished(mv.workers["9000"], ok(b"a1"), now=0.05)
+    assert sent(actions) == [("9000", [b"a2"])]  # not a2 and a3 together
+    assert sent(s.finished(mv.workers["9000"], ok(b"a2"), now=0.1)) == [("9000", [b"a3"])]
+
+
+def test_a_batch_holds_one_request_from_each_of_its_workers_sequences() -> None:
+    s, mv = setup(workers=1)
+    submit(s, b"a1", "A", 0.0)
+    for i, (rid, seq) in enumerate(((b"b1", "B"), (b"a2", "A"), (b"c1", "C"), (b"b2", "B"))):
+        assert submit(s, rid, seq, 0.01 + i / 1000) == []
+    actions = s.finished(mv.workers["9000"], ok(b"a1"), now=0.05)
+    assert sent(actions) == [("9000", [b"b1", b"a2", b"c1"])]  # b2 waits for b1
+    assert sent(s.finished(mv.workers["9000"], ok(b"b1", b"a2", b"c1"), 0.1)) == [
+        ("9000", [b"b2"])]
+
+
+def test_a_sequence_stays_on_its_worker_while_another_worker_is_idle() -> None:
+    s, mv = setup(workers=2)
+    assert sent(submit(s, b"a1", "A", 0.0)) == [("9000", [b"a1"])]
+    assert sent(submit(s, b"b1", "B", 0.0)) == [("9001", [b"b1"])]
+    s.finished(mv.workers["9001"], ok(b"b1"), now=0.01)  # 9001 is idle now
+    assert submit(s, b"a2", "A", 0.02) == []  # A's state lives in 9000: it waits for it
+    assert sent(s.finished(mv.workers["9000"], ok(b"a1"), now=0.05)) == [("9000", [b"a2"])]
+    assert sent(submit(s, b"b2", "B", 0.06)) == [("9001", [b"b2"])]
+
+
+def test_a_request_without_a_sequence_id_opens_one_and_is_told_it_starts() -> None:
+    s, mv = setup(workers=1)
+    [send] = submit(s, b"x", None, 0.0)
+    headers = send.requests[0].server_headers
+    assert headers["ts_request_sequence_id"].startswith("ts-seq-")
+    assert headers["ts_request_sequence_start"] == "true"
+    s.finished(mv.workers["9000"], ok(b"x"), now=0.01)
+    [send] = submit(s, b"y", "given", 0.02)
+    assert send.requests[0].server_headers == {"ts_request_sequence_id": "given"}
+
+
+def test_more_sequences_than_max_num_sequence_are_refused_503_until_one_idles_out() -> None:
+    s, mv = setup(workers=1, maxNumSequence=2, sequenceMaxIdleMSec=500)
+    submit(s, b"a1", "A", 0.0)
+    submit(s, b"b1", "B", 0.0)
+    [refused] = submit(s, b"c1", "C", 0.1)
+    assert isinstance(refused, Refuse) and refused.error.http_status == 503
+    assert refused.error.type == "ServiceUnavailableException"
+    assert "maxNumSequence" in refused.error.message
+    s.finished(mv.workers["9000"], ok(b"a1"), now=0.2)
+    s.finished(mv.workers["9000"], ok(b"b1"), now=0.3)
+    assert isinstance(submit(s, b"c2", "C", 0.4)[0], Refuse)  # A idle 0.2 s of 0.5 s
+    assert sent(submit(s, b"c3", "C", 0.75)) == [("9000", [b"c3"])]  # A has idled out
+    assert mv.batcher.open_count(0.75) == 2  # B (idle since 0.3) and C
+
+
+def test_a_sequence_queues_no_more_than_max_sequence_job_queue_size() -> None:
+    s, mv = setup(workers=1, maxSequenceJobQueueSize=2)
+    submit(s, b"a1", "A", 0.0)  # running
+    assert submit(s, b"a2", "A", 0.0) == [] and submit(s, b"a3", "A", 0.0) == []
+    [refused] = submit(s, b"a4", "A", 0.0)
+    assert refused.error.http_status == 503 and "maxSequenceJobQueueSize" in refused.error.message
+    assert submit(s, b"b1", "B", 0.0) == []  # another sequence still queues
+
+
+def test_the_request_that_ends_a_sequence_closes_it_once_answered() -> None:
+    s, mv = setup(workers=1, maxNumSequence=1)
+    submit(s, b"a1", "A", 0.0, ends=True)
+    assert isinstance(submit(s, b"b1", "B", 0.01)[0], Refuse)  # one sequence allowed: A's
+    s.finished(mv.workers["9000"], ok(b"a1"), now=0.02)
+    assert mv.batcher.open_count(0.02) == 0
+    assert sent(submit(s, b"b2", "B", 0.03)) == [("9000", [b"b2"])]
+
+
+def test_a_dead_workers_sequence_goes_on_on_another_worker_and_its_request_runs_again() -> None:
+    s, mv = setup(workers=2)
+    submit(s, b"a1", "A", 0.0)  # to 9000
+    submit(s, b"a2", "A", 0.01)  # queued behind it
+    dead = mv.workers.pop("9000")
+    actions = s.worker_lost(dead, now=0.1)
+    assert sent(actions) == [("9001", [b"a1"])]  # retried first, then a2 after it
+    assert sent(s.finished(mv.workers["9001"], ok(b"a1"), now=0.2)) == [("9001", [b"a2"])]
+
+
+def test_a_stopped_workers_sequence_moves_to_a_live_worker() -> None:
+    s, mv = setup(workers=2)
+    submit(s, b"a1", "A", 0.0)
+    s.finished(mv.workers["9000"], ok(b"a1"), now=0.01)
+    mv.workers["9000"].state = WorkerState.STOPPING  # scaled down: it serves no more
+    assert sent(submit(s, b"a2", "A", 0.02)) == [("9001", [b"a2"])]
+
+
+def test_a_queued_sequence_request_past_its_deadline_is_answered_504() -> None:
+    s, mv = setup(workers=1)
+    submit(s, b"a1", "A", 0.0)
+    submit(s, b"a2", "A", 0.0, timeout_ms=100)
+    actions = s.tick(now=0.2)
+    assert [(type(a), a.rid, a.error.http_status) for a in actions] == [(Refuse, b"a2", 504)]
+    assert len(mv.batcher) == 0
+
+
+def test_a_cancelled_sequence_request_leaves_the_queue() -> None:
+    s, mv = setup(workers=1)
+    submit(s, b"a1", "A", 0.0)
+    submit(s, b"a2", "A", 0.0)
+    assert s.cancel(FRONTEND, b"a2", now=0.01)[0] is mv
+    actions = s.finished(mv.workers["9000"], ok(b"a1"), now=0.02)
+    assert [type(a) for a in actions] == [Forward]
+
+
+def test_a_describe_question_to_a_stateful_handler_runs_alone_in_no_sequence() -> None:
+    s, mv = setup(workers=1, maxNumSequence=1)
+    submit(s, b"a1", "A", 0.0)
+    assert s.ask(mv, b"admin", b"q", protocol.describe_question(), now=0.01) == []
+    submit(s, b"a2", "A", 0.02)
+    assert sent(s.finished(mv.workers["9000"], ok(b"a1"), now=0.05)) == [("9000", [b"q"])]
+    assert sent(s.finished(mv.workers["9000"], ok(b"q"), now=0.06)) == [("9000", [b"a2"])]
+
+
+def test_a_worker_waits_its_batch_delay_for_its_other_sequences_and_no_longer() -> None:
+    s, mv = setup(workers=1, maxBatchDelay=50)
+    for rid, sequence in ((b"a1", "A"), (b"b1", "B")):  # one message: one batch
+        s.enqueue(FRONTEND, protocol.Route(rid, "m", None, None, sent=0.0, sequence=sequence),
+                  [], now=0.0)
+    assert sent(s.dispatch(mv, now=0.0)) == [("9000", [b"a1", b"b1"])]
+    s.finished(mv.workers["9000"], ok(b"a1", b"b1"), now=0.01)  # both sequences idle now
+    assert submit(s, b"a2", "A", 0.02) == []  # B may send within the delay: wait for it
+    assert s.next_wakeup(float("inf"), now=0.021) == 0.07
+    assert sent(s.tick(now=0.07)) == [("9000", [b"a2"])]
+    # nothing more is due but the running batch's own deadline: no spin
+    assert s.next_wakeup(float("inf"), now=0.08) == 0.07 + mv.settings.response_timeout
+
+
+def test_no_worker_of_a_stateful_model_is_lent() -> None:
+    s, mv = setup(workers=1)
+    s.leases.enabled = True
+    s.leases.reply_prefix = b"ipc://"
+    for i in range(20):  # lone requests, one after another, from one frontend
+        submit(s, b"r%d" % i, "A", float(i))
+        actions = s.finished(mv.workers["9000"], ok(b"r%d" % i), now=i + 0.5)
+        assert all(isinstance(a, Forward) for a in actions)
+
+
+def test_sequences_that_idled_out_leave_room_on_their_worker_for_new_ones() -> None:
+    s, mv = setup(workers=2, maxNumSequence=4, sequenceMaxIdleMSec=100)  # 2 a worker
+    for rid, sequence in ((b"a1", "A1"), (b"a2", "A2")):
+        s.enqueue(FRONTEND, protocol.Route(rid, "m", None, None, sent=0.0, sequence=sequence),
+                  [], now=0.0)
+    assert sent(s.dispatch(mv, now=0.0)) == [("9000", [b"a1", b"a2"])]
+    s.finished(mv.workers["9000"], ok(b"a1", b"a2"), now=0.01)  # 9000 holds two, idle
+    assert sent(submit(s, b"b1", "B", 0.02)) == [("9001", [b"b1"])]  # 9000 has no room
+    # A1 and A2 idled out at 0.11: 9000 takes a new one at once, not after 9001's batch
+    assert sent(submit(s, b"c1", "C", 0.5)) == [("9000", [b"c1"])]
