@@ -1089,8 +1089,8 @@ class ModelSettings:
     # model-config.yaml sequenceBatching (TorchServe's stateful inference, mservd/sequences.py):
     # each sequence's requests run in order on one worker, one at a time; at most
     # max_num_sequence sequences open, each queueing max_sequence_job_queue_size requests,
-    # closed after sequence_max_idle_ms without a request (0: as soon as none is left) or
-    # sequence_timeout_ms after it opened (0: never)
+    # closed after sequence_max_idle_ms without a request (0, the default: not applied, as in
+    # TorchServe) or sequence_timeout_ms after it opened (0: never)
     sequence_batching: bool = False
     max_num_sequence: int = 1
     max_sequence_job_queue_size: int = 1
@@ -1303,6 +1303,13 @@ def resolve_model_settings(
     if values["sequence_batching"] and values["continuous_batching"]:
         logger.warning("model %s version %s: sequenceBatching is not applied with "
                        "continuousBatching (a sequence's requests may reach different workers)",
+                       model_name, version)
+        values["sequence_batching"] = False
+    if values["sequence_batching"] and values["sequence_max_idle_ms"] <= 0:
+        # as in TorchServe, whose sequences exist only with an idle time: 0, its default, is
+        # "not a stateful model" (a sequence closed once idle would move between workers)
+        logger.warning("model %s version %s: sequenceBatching is not applied without "
+                       "sequenceMaxIdleMSec (0: not a stateful model, as in TorchServe)",
                        model_name, version)
         values["sequence_batching"] = False
     return ModelSettings(**values)

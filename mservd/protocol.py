@@ -188,8 +188,9 @@ SEQUENCE_END = "ts_request_sequence_end"
 
 
 def says_yes(value: str | None) -> bool:
-    """A header's flag: set unless absent, empty, ``false``, ``0`` or ``no``."""
-    return value is not None and value.strip().lower() not in ("", "false", "0", "no")
+    """A header's flag, read as TorchServe reads it (Java's ``Boolean.parseBoolean``): set
+    only by ``true``, in any case; anything else, or no header, leaves it unset."""
+    return value is not None and value.strip().lower() == "true"
 
 
 def prediction(rid: bytes, model: str, version: str | None, token: str | None, codec: str,

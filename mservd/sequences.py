@@ -20,8 +20,8 @@ As in TorchServe:
 * at most ``maxNumSequence`` sequences are open, each queueing at most
   ``maxSequenceJobQueueSize`` requests; past either the request is refused 503;
 * a sequence closes when it has had nothing queued or running for ``sequenceMaxIdleMSec``
-  (0: as soon as it has nothing), when ``sequenceTimeoutMSec`` has passed since it opened and
-  it has nothing, or when its request sent with ``ts_request_sequence_end: true`` is answered
+  (over 0, else the model is not stateful: ``config.py``), when ``sequenceTimeoutMSec`` has
+  passed since it opened and it has nothing, or when its request sent with ``ts_request_sequence_end: true`` is answered
   and nothing is queued behind it; a request for a closed or unknown id opens it again;
 * each worker holds up to its share of ``maxNumSequence`` (rounded up): a new sequence goes to
   the first idle worker with room, and stays there. A worker that dies or is stopped leaves
@@ -143,12 +143,16 @@ class SequenceQueue(Generic[T]):
         return True
 
     def push_front(self, item: T) -> None:
-        """Put back a request whose worker died, first in its sequence and past the bounds."""
-        sequence = self._sequences.get(item.sequence or "")
+        """Put back a request whose worker died, first in its sequence (or, a describe
+        call's question, first of the questions) and past the bounds."""
+        self._queued += 1
+        if item.sequence is None:
+            self._questions.appendleft(item)
+            return
+        sequence = self._sequences.get(item.sequence)
         if sequence is None:
             sequence = self._sequences[item.sequence] = Sequence(item.sequence, item.arrived)
         sequence.queue.appendleft(item)
-        self._queued += 1
 
     # -- batches ------------------------------------------------------------------------
 
@@ -201,8 +205,8 @@ class SequenceQueue(Generic[T]):
         """``items`` left their worker (answered or failed): their sequences may send the
         next request; one that ended, or has nothing left, starts its idle time."""
         for item in items:
-            sequence = self._sequences.get(item.sequence or "")
-            if sequence is None:
+            sequence = self._sequences.get(item.sequence) if item.sequence else None
+            if sequence is None:  # a question, or a sequence closed meanwhile
                 continue
             sequence.running = False
             if not sequence.queue:

@@ -156,4 +156,12 @@ def test_torchserve_grpc_sequence_id_and_stream_predictions2(daemon) -> None:
     assert {a.sequence_id for a in answers} == {opened}
     assert answers[2].status.code == grpc.StatusCode.NOT_FOUND.value[0]
     assert "nope" in answers[2].status.message
+
+    # the end of a stream's sequence, per request: an input, as TorchServe reads it there
+    before = daemon.describe("stateful")[0]["jobQueueStatus"]["openSequences"]
+    last = request(5)
+    last.input[SEQ_END] = b"true"
+    answers = list(stub.StreamPredictions2(iter([request(1), last]), metadata=key, timeout=60))
+    assert [json.loads(a.prediction)["sum"] for a in answers] == [1, 6]
+    assert daemon.describe("stateful")[0]["jobQueueStatus"]["openSequences"] == before
     channel.close()

@@ -84,7 +84,7 @@ def test_protocol_route_carries_the_clients_sequence_headers() -> None:
     plain = protocol.parse_route(protocol.prediction(
         b"r", "m", None, None, protocol.CODEC_TORCHSERVE, [], {}, [])[1])
     assert (plain.sequence, plain.ends_sequence) == (None, False)
-    for end, ends in (("true", True), ("True", True), ("1", True), ("false", False),
+    for end, ends in (("true", True), ("True", True), ("1", False), ("false", False),
                       ("", False)):
         route = protocol.parse_route(protocol.prediction(
             b"r", "m", None, None, protocol.CODEC_TORCHSERVE, [],

@@ -208,3 +208,30 @@ def test_sequences_that_idled_out_leave_room_on_their_worker_for_new_ones() -> N
     assert sent(submit(s, b"b1", "B", 0.02)) == [("9001", [b"b1"])]  # 9000 has no room
     # A1 and A2 idled out at 0.11: 9000 takes a new one at once, not after 9001's batch
     assert sent(submit(s, b"c1", "C", 0.5)) == [("9000", [b"c1"])]
+
+
+def test_a_describe_question_whose_worker_died_runs_again_and_holds_no_sequence() -> None:
+    s, mv = setup(workers=2, maxNumSequence=1)
+    s.ask(mv, b"admin", b"q1", protocol.describe_question(), now=0.0)  # to 9000
+    s.ask(mv, b"admin", b"q2", protocol.describe_question(), now=0.0)  # to 9001
+    submit(s, b"a1", "A", 0.01)  # queued: both workers busy
+    dead = mv.workers.pop("9000")
+    assert sent(s.worker_lost(dead, now=0.1)) == []  # 9001 is busy: q1 waits, first
+    assert sent(s.finished(mv.workers["9001"], ok(b"q2"), now=0.2)) == [("9001", [b"q1"])]
+    assert sent(s.finished(mv.workers["9001"], ok(b"q1"), now=0.3)) == [("9001", [b"a1"])]
+    s.finished(mv.workers["9001"], ok(b"a1"), now=0.4)
+    assert len(mv.batcher) == 0
+    assert mv.batcher.open_count(5.0) == 0  # A idled out; no question left a sequence open
+    assert sent(submit(s, b"b1", "B", 5.0)) == [("9001", [b"b1"])]
+
+
+def test_sequence_batching_is_not_applied_without_an_idle_time(caplog) -> None:
+    with caplog.at_level(logging.WARNING):
+        s, mv = setup(sequenceMaxIdleMSec=0)  # TorchServe's default: not a stateful model
+    assert not mv.settings.sequence_batching and not isinstance(mv.batcher, SequenceQueue)
+    assert "sequenceBatching is not applied without sequenceMaxIdleMSec" in caplog.text
+
+
+def test_only_true_marks_a_sequences_end_as_torchserve_reads_it() -> None:
+    assert [protocol.says_yes(v) for v in ("true", " TRUE ", "True")] == [True] * 3
+    assert not any(protocol.says_yes(v) for v in (None, "", "false", "1", "yes", "banana"))

@@ -133,7 +133,8 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
         """TorchServe's stream of a stateful model's sequence: each request is answered in
         turn, a failed one with the answer's ``status`` (the stream goes on). A request that
         names no sequence continues the one of the stream's first answer (the server opened
-        it for the first request when that named none)."""
+        it for the first request when that named none); one whose input
+        ``ts_request_sequence_end`` is ``true`` ends it."""
         sequence = ""
         async for request in requests:
             if not request.sequence_id and sequence:
@@ -177,6 +178,10 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
         headers = forwarded_metadata(context)
         if request.sequence_id:
             headers[protocol.SEQUENCE_ID] = request.sequence_id
+        if protocol.SEQUENCE_END in request.input:  # as TorchServe's StreamPredictions2 reads
+            # it: per request, where the call's metadata can say it only for all of them
+            headers[protocol.SEQUENCE_END] = request.input[protocol.SEQUENCE_END].decode(
+                "latin-1")
         frames = protocol.prediction(
             rid, request.model_name, request.model_version or None, token,
             protocol.CODEC_TORCHSERVE, [(n, "application/octet-stream") for n in names],
