@@ -21,8 +21,9 @@ As in TorchServe:
   ``maxSequenceJobQueueSize`` requests; past either the request is refused 503;
 * a sequence closes when it has had nothing queued or running for ``sequenceMaxIdleMSec``
   (over 0, else the model is not stateful: ``config.py``), when ``sequenceTimeoutMSec`` has
-  passed since it opened and it has nothing, or when its request sent with ``ts_request_sequence_end: true`` is answered
-  and nothing is queued behind it; a request for a closed or unknown id opens it again;
+  passed since it opened and it has nothing, or when its request sent with
+  ``ts_request_sequence_end: true`` is answered and nothing is queued behind it; a request for
+  a closed or unknown id opens it again;
 * each worker holds up to its share of ``maxNumSequence`` (rounded up): a new sequence goes to
   the first idle worker with room, and stays there. A worker that dies or is stopped leaves
   its sequences to the others (the handler's state for them is lost with it).
@@ -30,8 +31,9 @@ As in TorchServe:
 
 from __future__ import annotations
 
+import heapq
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Collection
 from typing import Generic, Protocol, TypeVar
 
@@ -66,6 +68,12 @@ class Sequence(Generic[T]):
 
 
 class SequenceQueue(Generic[T]):
+    """The sequences, indexed so that what a request costs does not grow with how many are
+    open (up to ``maxNumSequence``, which may be large): the batches, waits and deadlines look
+    only at the sequences with requests queued (``_pending``, bounded by job_queue_size),
+    closing looks only at the idle ones in the order they went idle (``_idle``) and at a heap
+    of lifetimes, and each worker's counts are kept as they change."""
+
     def __init__(self, what: str, batch_size: int, max_batch_delay: float, capacity: int,
                  max_sequences: int, sequence_capacity: int, max_idle: float,
                  lifetime: float) -> None:
@@ -79,9 +87,15 @@ class SequenceQueue(Generic[T]):
         self.sequence_capacity = max(1, sequence_capacity)
         self.max_idle = max(0.0, max_idle)
         self.lifetime = max(0.0, lifetime)
-        self._sequences: dict[str, Sequence[T]] = {}
+        self._sequences: dict[str, Sequence[T]] = {}  # every open one
+        self._pending: dict[str, Sequence[T]] = {}  # those with requests queued
+        self._idle: dict[str, Sequence[T]] = {}  # nothing queued or running, oldest first
+        self._ends: list[tuple[float, str]] = []  # heap: when each one's lifetime ends
+        self._held: Counter[str] = Counter()  # by worker: the sequences pinned to it ...
+        self._idle_on: Counter[str] = Counter()  # ... and of those, the idle ones
         self._questions: deque[T] = deque()  # describe calls' questions: in no sequence
         self._queued = 0
+        self._clock = 0.0  # the latest time a caller gave: for a removal that gives none
 
     def __len__(self) -> int:
         return self._queued
@@ -112,13 +126,14 @@ class SequenceQueue(Generic[T]):
         past the sequence's own queue."""
         if self._queued >= self.capacity:
             return False
+        self._clock = max(self._clock, now)
         headers = {}
         if item.sequence is None:
             item.sequence = f"ts-seq-{uuid.uuid4()}"
             headers[SEQUENCE_START] = "true"
         sequence = self._sequences.get(item.sequence)
         if sequence is not None and self._expired(sequence, now):
-            del self._sequences[sequence.id]
+            self._close(sequence)
             sequence = None
         if sequence is None:
             if len(self._sequences) >= self.max_sequences:
@@ -129,7 +144,7 @@ class SequenceQueue(Generic[T]):
                     f"allows (maxNumSequence); sequence {item.sequence} cannot start. Retry "
                     "when one ends (ts_request_sequence_end) or has been idle for "
                     "sequenceMaxIdleMSec.")
-            sequence = self._sequences[item.sequence] = Sequence(item.sequence, now)
+            sequence = self._open(item.sequence, now)
         if len(sequence.queue) >= self.sequence_capacity:
             raise SequenceRefused(
                 f"Sequence {sequence.id} of {self.what[0].lower()}{self.what[1:]} has "
@@ -138,21 +153,20 @@ class SequenceQueue(Generic[T]):
                 "when an answer comes.")
         headers[SEQUENCE_ID] = sequence.id
         item.server_headers = headers
-        sequence.queue.append(item)
-        self._queued += 1
+        self._queue(sequence, item)
         return True
 
     def push_front(self, item: T) -> None:
         """Put back a request whose worker died, first in its sequence (or, a describe
         call's question, first of the questions) and past the bounds."""
-        self._queued += 1
         if item.sequence is None:
             self._questions.appendleft(item)
+            self._queued += 1
             return
         sequence = self._sequences.get(item.sequence)
         if sequence is None:
-            sequence = self._sequences[item.sequence] = Sequence(item.sequence, item.arrived)
-        sequence.queue.appendleft(item)
+            sequence = self._open(item.sequence, item.arrived)
+        self._queue(sequence, item, first=True)
 
     # -- batches ------------------------------------------------------------------------
 
@@ -166,25 +180,23 @@ class SequenceQueue(Generic[T]):
         if self._questions:
             self._queued -= 1
             return [self._questions.popleft()]
+        self._clock = max(self._clock, now)
         self._close_expired(now)  # a closed sequence holds no room on its worker
         share = -(-self.max_sequences // max(1, len(live)))
-        held, waiting = 0, False
         ready: list[Sequence[T]] = []
         free: list[Sequence[T]] = []
-        for sequence in self._sequences.values():
+        for sequence in self._pending.values():
+            if sequence.running:
+                continue
             if sequence.worker == worker:
-                held += 1
-                if sequence.queue and not sequence.running:
-                    ready.append(sequence)
-                elif not sequence.running:
-                    waiting = True
-            elif sequence.queue and not sequence.running and (
-                    sequence.worker is None or sequence.worker not in live):
+                ready.append(sequence)
+            elif sequence.worker is None or sequence.worker not in live:
                 free.append(sequence)
-        ready += free[:max(0, share - held)]
+        ready += free[:max(0, share - self._held[worker])]
         if not ready:
             return []
         ready.sort(key=lambda s: s.queue[0].arrived)
+        waiting = self._idle_on[worker] > 0  # its idle sequences may send soon
         if (waiting and len(ready) < self.batch_size
                 and now < ready[0].queue[0].arrived + self.max_batch_delay):
             return []
@@ -197,34 +209,38 @@ class SequenceQueue(Generic[T]):
                 continue
             taken.append(sequence.queue.popleft())
             sequence.running = True
-            sequence.worker = worker
+            self._pin(sequence, worker)
+            if not sequence.queue:
+                del self._pending[sequence.id]
         self._queued -= len(taken)
         return taken
 
     def finished(self, items: Collection[T], now: float) -> None:
         """``items`` left their worker (answered or failed): their sequences may send the
         next request; one that ended, or has nothing left, starts its idle time."""
+        self._clock = max(self._clock, now)
         for item in items:
             sequence = self._sequences.get(item.sequence) if item.sequence else None
             if sequence is None:  # a question, or a sequence closed meanwhile
                 continue
             sequence.running = False
             if not sequence.queue:
-                sequence.idle_since = now
-                if item.ends_sequence or self._expired(sequence, now):
-                    del self._sequences[sequence.id]
+                self._rest(sequence, now, ends=item.ends_sequence)
 
     def worker_lost(self, worker: str) -> None:
-        """``worker`` is gone: its sequences go to the next idle worker with room."""
+        """``worker`` is gone: its sequences go to the next idle worker with room. (Its
+        running requests come back through :meth:`push_front` or :meth:`finished`.)"""
         for sequence in self._sequences.values():
             if sequence.worker == worker:
                 sequence.worker = None
                 sequence.running = False
+        self._held.pop(worker, None)
+        self._idle_on.pop(worker, None)
 
     # -- the Batcher interface the scheduler uses for every version ---------------------
 
     def oldest_wait(self, now: float) -> float:
-        heads = [s.queue[0].arrived for s in self._sequences.values() if s.queue]
+        heads = [s.queue[0].arrived for s in self._pending.values()]
         if self._questions:
             heads.append(self._questions[0].arrived)
         return now - min(heads) if heads else 0.0
@@ -236,26 +252,34 @@ class SequenceQueue(Generic[T]):
         return self.remove(lambda item: item.deadline <= now, now)
 
     def remove(self, predicate: Callable[[T], bool], now: float | None = None) -> list[T]:
-        """Take out the queued requests ``predicate`` selects (a cancelled one, a deadline)."""
+        """Take out the queued requests ``predicate`` selects (a cancelled one, a deadline);
+        a sequence left with nothing starts its idle time (at ``now``, or the latest time
+        given before)."""
+        if now is not None:
+            self._clock = max(self._clock, now)
         removed = [item for item in self._questions if predicate(item)]
         if removed:
             self._questions = deque(item for item in self._questions if not predicate(item))
-        for sequence in self._sequences.values():
-            if not sequence.queue or not any(predicate(item) for item in sequence.queue):
+        for sequence in list(self._pending.values()):
+            if not any(predicate(item) for item in sequence.queue):
                 continue
             kept: deque[T] = deque()
             for item in sequence.queue:
                 (removed if predicate(item) else kept).append(item)
             sequence.queue = kept
-            if not kept and not sequence.running and now is not None:
-                sequence.idle_since = now
+            if not kept:
+                del self._pending[sequence.id]
+                if not sequence.running:
+                    self._rest(sequence, self._clock)
         self._queued -= len(removed)
         return removed
 
     def drain(self) -> list[T]:
-        items = [*self._questions, *(item for s in self._sequences.values() for item in s.queue)]
-        self._sequences.clear()
-        self._questions.clear()
+        items = [*self._questions, *(item for s in self._pending.values() for item in s.queue)]
+        for index in (self._sequences, self._pending, self._idle, self._held, self._idle_on,
+                      self._questions):
+            index.clear()
+        self._ends = []
         self._queued = 0
         return items
 
@@ -264,15 +288,61 @@ class SequenceQueue(Generic[T]):
         deadline, or the end of a batch delay still to come (never a time past: a request
         waiting on its busy worker is taken when that worker answers)."""
         soonest = min((item.deadline for item in self._questions), default=None)
-        for sequence in self._sequences.values():
+        for sequence in self._pending.values():
             for item in sequence.queue:
                 if soonest is None or item.deadline < soonest:
                     soonest = item.deadline
-            if sequence.queue and self.max_batch_delay:
+            if self.max_batch_delay:
                 due = sequence.queue[0].arrived + self.max_batch_delay
                 if due > now and (soonest is None or due < soonest):
                     soonest = due
         return soonest
+
+    # -- the indexes --------------------------------------------------------------------
+
+    def _open(self, sequence_id: str, now: float) -> Sequence[T]:
+        sequence = self._sequences[sequence_id] = Sequence(sequence_id, now)
+        if self.lifetime:
+            heapq.heappush(self._ends, (now + self.lifetime, sequence_id))
+        return sequence
+
+    def _queue(self, sequence: Sequence[T], item: T, first: bool = False) -> None:
+        self._wake(sequence)
+        if first:
+            sequence.queue.appendleft(item)
+        else:
+            sequence.queue.append(item)
+        self._pending[sequence.id] = sequence
+        self._queued += 1
+
+    def _pin(self, sequence: Sequence[T], worker: str) -> None:
+        if sequence.worker != worker:
+            if sequence.worker is not None:
+                self._held[sequence.worker] -= 1
+            self._held[worker] += 1
+            sequence.worker = worker
+
+    def _rest(self, sequence: Sequence[T], now: float, ends: bool = False) -> None:
+        """Nothing of ``sequence`` is queued or running: it idles, or closes now."""
+        self._wake(sequence)
+        sequence.idle_since = now
+        if ends or self._expired(sequence, now):
+            self._close(sequence)
+            return
+        self._idle[sequence.id] = sequence
+        if sequence.worker is not None:
+            self._idle_on[sequence.worker] += 1
+
+    def _wake(self, sequence: Sequence[T]) -> None:
+        if self._idle.pop(sequence.id, None) is not None and sequence.worker is not None:
+            self._idle_on[sequence.worker] -= 1
+
+    def _close(self, sequence: Sequence[T]) -> None:
+        self._wake(sequence)
+        del self._sequences[sequence.id]
+        self._pending.pop(sequence.id, None)
+        if sequence.worker is not None:
+            self._held[sequence.worker] -= 1
 
     # -- closing ------------------------------------------------------------------------
 
@@ -283,5 +353,15 @@ class SequenceQueue(Generic[T]):
                 or (self.lifetime > 0 and now - sequence.opened >= self.lifetime))
 
     def _close_expired(self, now: float) -> None:
-        for sequence in [s for s in self._sequences.values() if self._expired(s, now)]:
-            del self._sequences[sequence.id]
+        """The idle sequences past their idle time (the oldest idle first: they went idle in
+        that order) or their lifetime (a busy one closes when it is next idle)."""
+        while self._idle:
+            sequence = next(iter(self._idle.values()))
+            if now - sequence.idle_since < self.max_idle:
+                break
+            self._close(sequence)
+        while self._ends and self._ends[0][0] <= now:
+            _, sequence_id = heapq.heappop(self._ends)
+            sequence = self._idle.get(sequence_id)
+            if sequence is not None and now - sequence.opened >= self.lifetime:
+                self._close(sequence)

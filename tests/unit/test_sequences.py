@@ -235,3 +235,30 @@ def test_sequence_batching_is_not_applied_without_an_idle_time(caplog) -> None:
 def test_only_true_marks_a_sequences_end_as_torchserve_reads_it() -> None:
     assert [protocol.says_yes(v) for v in ("true", " TRUE ", "True")] == [True] * 3
     assert not any(protocol.says_yes(v) for v in (None, "", "false", "1", "yes", "banana"))
+
+
+def test_a_sequence_closes_once_idle_past_its_lifetime_however_recently_it_ran() -> None:
+    s, mv = setup(workers=1, maxNumSequence=2, sequenceMaxIdleMSec=10_000,
+                  sequenceTimeoutMSec=1000)
+    submit(s, b"a1", "A", 0.0)
+    s.finished(mv.workers["9000"], ok(b"a1"), now=0.1)
+    submit(s, b"b1", "B", 0.5)
+    submit(s, b"b2", "B", 0.6)  # queued behind b1
+    assert mv.batcher.open_count(1.05) == 1  # A, idle past its second, closed; B busy
+    s.finished(mv.workers["9000"], ok(b"b1"), now=1.6)  # b2 runs: B busy past its lifetime
+    assert mv.batcher.open_count(1.7) == 1
+    s.finished(mv.workers["9000"], ok(b"b2"), now=1.8)
+    assert mv.batcher.open_count(1.8) == 0  # closed as soon as it had nothing
+
+
+def test_many_open_sequences_close_in_the_order_they_went_idle() -> None:
+    s, mv = setup(workers=2, maxNumSequence=300, sequenceMaxIdleMSec=1000, batchSize=8)
+    now = 0.0
+    for i in range(300):  # each answered at once: 300 idle sequences, 150 on each worker
+        now = i / 1000
+        [batch] = [a for a in submit(s, b"r%d" % i, "S%d" % i, now) if isinstance(a, SendBatch)]
+        s.finished(batch.worker, ok(b"r%d" % i), now)
+    assert submit(s, b"x", "NEW", now)[0].error.http_status == 503  # all 300 places taken
+    assert mv.batcher.open_count(1.0995) == 200  # idle a second: S0 .. S99 closed, in order
+    assert sent(submit(s, b"y", "S150", 1.1)) != []  # still open, and served at once
+    assert mv.batcher.open_count(2.0) == 1 and len(mv.batcher) == 0
