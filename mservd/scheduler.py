@@ -165,9 +165,12 @@ class Scheduler:
             if mv.settings.continuous_batching:
                 pending.ends_by = arrived + self.request_timeout(route)
             if mv.settings.sequence_batching:
-                pending.sequence, pending.ends_sequence = route.sequence, route.ends_sequence
-                if route.sequence is not None and not 0 < len(route.sequence) <= 256:
-                    raise BadRequest("The ts_request_sequence_id header must have 1 to 256 "
+                # an empty id, as none, opens a new sequence (TorchServe's rule, over HTTP
+                # and gRPC alike)
+                pending.sequence = route.sequence or None
+                pending.ends_sequence = route.ends_sequence
+                if pending.sequence is not None and len(pending.sequence) > 256:
+                    raise BadRequest("The ts_request_sequence_id header must have at most 256 "
                                      "characters.")
                 added = mv.batcher.add_to_sequence(pending, now)
             else:

@@ -262,3 +262,13 @@ def test_many_open_sequences_close_in_the_order_they_went_idle() -> None:
     assert mv.batcher.open_count(1.0995) == 200  # idle a second: S0 .. S99 closed, in order
     assert sent(submit(s, b"y", "S150", 1.1)) != []  # still open, and served at once
     assert mv.batcher.open_count(2.0) == 1 and len(mv.batcher) == 0
+
+
+def test_an_empty_sequence_id_opens_a_new_sequence_and_an_overlong_one_is_refused_400() -> None:
+    s, mv = setup(workers=1)
+    [batch] = submit(s, b"a1", "", 0.0)
+    [pending] = batch.requests
+    assert pending.sequence.startswith("ts-seq-")
+    assert pending.server_headers[protocol.SEQUENCE_START] == "true"
+    [refused] = submit(s, b"b1", "x" * 257, 0.01)
+    assert isinstance(refused, Refuse) and refused.error.http_status == 400
