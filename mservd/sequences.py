@@ -304,6 +304,11 @@ class SequenceQueue(Generic[T]):
         sequence = self._sequences[sequence_id] = Sequence(sequence_id, now)
         if self.lifetime:
             heapq.heappush(self._ends, (now + self.lifetime, sequence_id))
+            if len(self._ends) > 2 * len(self._sequences) + 64:  # closed ones' ends, mostly:
+                # rebuilt from the open ones, so that opening and ending sequences quickly
+                # cannot grow the heap for a whole lifetime
+                self._ends = [(s.opened + self.lifetime, s.id) for s in self._sequences.values()]
+                heapq.heapify(self._ends)
         return sequence
 
     def _queue(self, sequence: Sequence[T], item: T, first: bool = False) -> None:

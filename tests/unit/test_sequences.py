@@ -272,3 +272,12 @@ def test_an_empty_sequence_id_opens_a_new_sequence_and_an_overlong_one_is_refuse
     assert pending.server_headers[protocol.SEQUENCE_START] == "true"
     [refused] = submit(s, b"b1", "x" * 257, 0.01)
     assert isinstance(refused, Refuse) and refused.error.http_status == 400
+
+
+def test_sequences_opened_and_ended_quickly_leave_no_lifetimes_behind() -> None:
+    s, mv = setup(workers=1, maxNumSequence=1, sequenceTimeoutMSec=3_600_000)
+    for i in range(1000):  # each opened, answered and ended at once, for an hour's lifetime
+        submit(s, b"r%d" % i, None, i / 1000, ends=True)
+        s.finished(mv.workers["9000"], ok(b"r%d" % i), now=i / 1000 + 0.0005)
+    assert mv.batcher.open_count(1.0) == 0
+    assert len(mv.batcher._ends) <= 2 * 1 + 64 + 1
