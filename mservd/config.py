@@ -1087,7 +1087,8 @@ class ModelSettings:
     # model-config.yaml maxLatencyMs: the latency target the advisor sizes batches for
     max_latency_ms: int | None = None
     # model-config.yaml sequenceBatching (TorchServe's stateful inference, mservd/sequences.py):
-    # each sequence's requests run in order on one worker, one at a time; at most
+    # each sequence's requests run in order on one worker, one at a time (with
+    # continuous_batching: each joins between steps, the next while the one before streams); at most
     # max_num_sequence sequences open, each queueing max_sequence_job_queue_size requests,
     # closed after sequence_max_idle_ms without a request (0, the default: not applied, as in
     # TorchServe) or sequence_timeout_ms after it opened (0: never)
@@ -1300,11 +1301,6 @@ def resolve_model_settings(
         )
     if values["batch_size"] == "auto":
         values["batch_size"], values["auto_batch"] = AUTO_BATCH_START, True
-    if values["sequence_batching"] and values["continuous_batching"]:
-        logger.warning("model %s version %s: sequenceBatching is not applied with "
-                       "continuousBatching (a sequence's requests may reach different workers)",
-                       model_name, version)
-        values["sequence_batching"] = False
     if values["sequence_batching"] and values["sequence_max_idle_ms"] <= 0:
         # as in TorchServe, whose sequences exist only with an idle time: 0, its default, is
         # "not a stateful model" (a sequence closed once idle would move between workers)

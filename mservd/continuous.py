@@ -102,6 +102,10 @@ def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: i
         ids.append(request.rid.decode())
         headers.append(request.handler_headers())
     context.begin_batch(ids, headers)
+    for index, (request, _, _) in enumerate(entries):  # a stateful model's, back each step
+        sequence = (request.server_headers or {}).get(protocol.SEQUENCE_ID)
+        if sequence is not None:
+            context.set_response_header(index, protocol.SEQUENCE_ID, sequence)
     context.calls = [(call, codec) for _, codec, call in entries]
     context.stopping_criteria = None
     try:
@@ -121,7 +125,7 @@ def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: i
     criteria = context.stopping_criteria
     finished, parts = [], []
     for index, ((request, codec, call), output) in enumerate(zip(entries, outputs)):
-        if criteria is None or criteria[index](output):
+        if criteria is None or _stops(criteria[index], output):
             finished.append(protocol.Result(request.rid,
                                             *codec.encode(call, [output], context, limit)))
             running.leave(request.rid, context)
@@ -133,3 +137,10 @@ def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: i
         sock.send_multipart(protocol.chunks(parts))
     if finished:
         sock.send_multipart(protocol.done(finished))
+
+
+def _stops(criterion: Any, output: Any) -> bool:
+    """Whether a request's stopping criterion ends it with this output: True ends it, False
+    keeps it running, and None ends it too (TorchServe sends no ``ts_stream_next`` then)."""
+    stop = criterion(output)
+    return stop is None or bool(stop)

@@ -390,7 +390,7 @@ class Controller:
                 self.supervisor.finish_stop(worker)
         elif kind == protocol.CHUNK:  # streamed parts: forwarded, their requests stay open
             for part in protocol.parse_results(frames[2:]):
-                fid = self.scheduler.progress(worker, part.rid, now)
+                fid = self.scheduler.progress(worker, part.rid, now, part.head)
                 if fid is not None:
                     self._queue(self.parts, fid, part)
         elif kind == protocol.READY:

@@ -14,7 +14,9 @@ free, and each finishes (DONE) on its own; a client that goes away frees its slo
 
 A stateful model (``sequenceBatching``) queues each sequence's requests apart
 (:class:`~mservd.sequences.SequenceQueue`, its version's ``batcher``): each idle worker gets the
-next request of every sequence pinned to it, one of each at a time.
+next request of every sequence pinned to it, one of each at a time; with continuous batching
+too, each worker's free slots take its sequences' next requests, and the handler may end a
+sequence in an answer's headers.
 
 A version idle after serving a lone client lends the worker that finished last to the
 frontend it answered (``leases.py``): a lent worker gets no batch here until it is recalled
@@ -43,6 +45,7 @@ from mservd.leases import Leases, Lend, Recall, Revoke
 from mservd.metrics import Metrics, VersionMetrics
 from mservd.protocol import DESCRIPTION, EXPLANATION, PREDICTION
 from mservd.registry import ModelVersion, Registry
+from mservd.sequences import ended_by
 from mservd.worker_handle import Worker
 
 SIZE_EVERY = 8  # batches between two sizings of an auto-batched version: enough to measure
@@ -275,6 +278,8 @@ class Scheduler:
                 continue
             worker = running.mv.workers.get(worker_id)
             del running.requests[rid]
+            if running.mv.settings.sequence_batching:
+                running.mv.batcher.finished([pending], now)
             if not running.requests:
                 del self.running[worker_id]
             actions: list[Action] = [] if worker is None else [CancelRunning(worker, rid)]
@@ -348,15 +353,26 @@ class Scheduler:
         return actions
 
     def _fill_slots(self, mv: ModelVersion, now: float) -> list[Action]:
-        """Continuous batching: each serving worker gets queued requests for its free slots."""
+        """Continuous batching: each serving worker gets queued requests for its free slots
+        (a stateful model's: of the sequences pinned to it)."""
         actions: list[Action] = []
         vm = self.metrics.version(mv.key)
-        for worker in mv.workers.values():
+        workers = list(mv.workers.values())
+        live: list[str] = []
+        if mv.settings.sequence_batching:  # a new sequence goes to the one holding fewest
+            workers.sort(key=lambda w: mv.batcher.held(w.id))
+            live = [w.id for w in workers if w.is_serving]
+        for worker in workers:
             if not worker.is_serving:
                 continue
             running = self.running.get(worker.id)
             free = mv.settings.batch_size - (len(running.requests) if running else 0)
-            batch = mv.batcher.take(now, False, free) if free > 0 else []
+            if free <= 0:
+                continue
+            if mv.settings.sequence_batching:
+                batch = mv.batcher.take_for(worker.id, live, now, slots=free)
+            else:
+                batch = mv.batcher.take(now, False, free)
             if not batch:
                 continue
             observe_waits(vm, batch, now)
@@ -369,14 +385,18 @@ class Scheduler:
                 break
         return actions
 
-    def progress(self, worker: Worker, rid: bytes, now: float) -> bytes | None:
+    def progress(self, worker: Worker, rid: bytes, now: float,
+                 head: bytes = b"") -> bytes | None:
         """A streamed part of request ``rid`` came from ``worker``: the frontend that asked
         (None: not one it runs). Times the first part and the gaps between parts, and moves
-        a continuous worker's deadline."""
+        a continuous worker's deadline; a stateful model's handler may end sequences in the
+        part's ``head``."""
         running = self.running.get(worker.id)
         pending = running.requests.get(rid) if running is not None else None
         if pending is None:
             return None
+        if head and running.mv.settings.sequence_batching:
+            running.mv.batcher.end(ended_by(protocol.Head.parse(head).headers), now)
         vm = self.metrics.version(running.mv.key)
         if pending.last_part is None:
             vm.first_part.observe(now - pending.arrived)
@@ -479,7 +499,8 @@ class Scheduler:
 
     def _finished_some(self, worker: Worker, running: Running, results: list[protocol.Result],
                        now: float, answered: bool) -> list[Action]:
-        vm = self.metrics.version(running.mv.key)
+        mv = running.mv
+        vm = self.metrics.version(mv.key)
         actions: list[Action] = []
         for result in results:
             pending = running.requests.pop(result.rid, None)
@@ -492,7 +513,11 @@ class Scheduler:
             vm.latency_us.inc(latency * 1e6)
             if pending.last_part is None:
                 vm.first_part.observe(latency)
-            self.metrics.answered(protocol.Head.parse(result.head).status, vm)
+            head = protocol.Head.parse(result.head)
+            self.metrics.answered(head.status, vm)
+            if mv.settings.sequence_batching:  # SequenceContinuousBatching
+                mv.batcher.end(ended_by(head.headers), now)
+                mv.batcher.finished([pending], now)
         running.deadline = now + running.mv.settings.response_timeout
         if not running.requests:
             del self.running[worker.id]
@@ -512,7 +537,7 @@ class Scheduler:
         mv = running.mv
         if mv.settings.sequence_batching:  # its sequences go to the next idle worker
             mv.batcher.worker_lost(worker.id)
-        for pending in running.requests.values():
+        for pending in reversed(running.requests.values()):  # each put first: in order
             if (not pending.retried and self.registry.has_version(mv.name, mv.version)
                     and any(w.is_serving and w is not worker for w in mv.workers.values())):
                 pending.retried = True
@@ -562,6 +587,8 @@ class Scheduler:
         actions: list[Action] = []
         for pending in overdue:
             del running.requests[pending.rid]
+            if running.mv.settings.sequence_batching:
+                running.mv.batcher.finished([pending], now)
             if worker is not None:
                 actions.append(CancelRunning(worker, pending.rid))
             actions.append(self.refuse(pending.fid, pending.rid, DeadlineExceeded(

@@ -24,6 +24,11 @@ As in TorchServe:
   passed since it opened and it has nothing, or when its request sent with
   ``ts_request_sequence_end: true`` is answered and nothing is queued behind it; a request for
   a closed or unknown id opens it again;
+* with ``continuousBatching`` too (TorchServe's SequenceContinuousBatching), a worker runs its
+  sequences' requests in free slots between steps, a sequence's next request joining while
+  the one before it still streams (so that a client can, say, cancel it), and the handler
+  may end sequences itself: ``ts_request_sequence_end`` in an answer's headers names them
+  (``;`` between ids), and each closes once nothing of it is queued or running;
 * each worker holds up to its share of ``maxNumSequence`` (rounded up): a new sequence goes to
   the first idle worker with room, and stays there. A worker that dies or is stopped leaves
   its sequences to the others (the handler's state for them is lost with it).
@@ -38,7 +43,7 @@ from collections.abc import Callable, Collection
 from typing import Generic, Protocol, TypeVar
 
 from mservd.errors import SequenceRefused
-from mservd.protocol import SEQUENCE_ID, SEQUENCE_START
+from mservd.protocol import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START
 
 
 class Sequenced(Protocol):
@@ -53,18 +58,30 @@ class Sequenced(Protocol):
 T = TypeVar("T", bound=Sequenced)
 
 
+def ended_by(headers: object) -> list[str]:
+    """The sequences a handler ended in an answer's headers: ``ts_request_sequence_end``
+    (any case), their ids separated by ``;``, as TorchServe reads it."""
+    if not isinstance(headers, dict):
+        return []
+    for name, value in headers.items():
+        if isinstance(name, str) and name.lower() == SEQUENCE_END:
+            return [part.strip() for part in str(value).split(";") if part.strip()]
+    return []
+
+
 class Sequence(Generic[T]):
     """One open sequence: its queued requests and the worker it is pinned to."""
 
-    __slots__ = ("id", "queue", "worker", "running", "opened", "idle_since")
+    __slots__ = ("id", "queue", "worker", "running", "opened", "idle_since", "ending")
 
     def __init__(self, sequence_id: str, now: float) -> None:
         self.id = sequence_id
         self.queue: deque[T] = deque()
         self.worker: str | None = None  # the worker its handler state lives in
-        self.running = False  # one of its requests is in a worker's batch now
+        self.running = 0  # its requests in a worker now (more than one only continuously)
         self.opened = now
         self.idle_since = now  # when it last had nothing queued or running
+        self.ending = False  # its handler ended it: it closes once nothing of it is left
 
 
 class SequenceQueue(Generic[T]):
@@ -103,6 +120,10 @@ class SequenceQueue(Generic[T]):
     @property
     def remaining_capacity(self) -> int:
         return self.capacity - self._queued
+
+    def held(self, worker: str) -> int:
+        """The open sequences pinned to ``worker``."""
+        return self._held[worker]
 
     def open_count(self, now: float) -> int:
         """Sequences open now (the closed ones are forgotten on the way)."""
@@ -170,13 +191,19 @@ class SequenceQueue(Generic[T]):
 
     # -- batches ------------------------------------------------------------------------
 
-    def take_for(self, worker: str, live: Collection[str], now: float) -> list[T]:
+    def take_for(self, worker: str, live: Collection[str], now: float,
+                 slots: int | None = None) -> list[T]:
         """The batch idle ``worker`` should run now: the next request of each sequence pinned
         to it, then of sequences that no live worker holds (up to its share of
         maxNumSequence among ``live``, the serving workers' ids), at most ``batch_size``, all
         of one kind. ``[]`` to keep waiting: while fewer are ready than the batch holds and
         other sequences of this worker may send soon, up to ``max_batch_delay`` from the
-        oldest's arrival."""
+        oldest's arrival.
+
+        ``slots``: the worker batches continuously (TorchServe's SequenceContinuousBatching)
+        and has that many free. Then a sequence's next request joins while the one before it
+        still runs (a client may cancel a stream it is reading), the take is at most
+        ``slots`` and never waits."""
         if self._questions:
             self._queued -= 1
             return [self._questions.popleft()]
@@ -186,7 +213,7 @@ class SequenceQueue(Generic[T]):
         ready: list[Sequence[T]] = []
         free: list[Sequence[T]] = []
         for sequence in self._pending.values():
-            if sequence.running:
+            if sequence.running and slots is None:
                 continue
             if sequence.worker == worker:
                 ready.append(sequence)
@@ -197,18 +224,19 @@ class SequenceQueue(Generic[T]):
             return []
         ready.sort(key=lambda s: s.queue[0].arrived)
         waiting = self._idle_on[worker] > 0  # its idle sequences may send soon
-        if (waiting and len(ready) < self.batch_size
+        if (slots is None and waiting and len(ready) < self.batch_size
                 and now < ready[0].queue[0].arrived + self.max_batch_delay):
             return []
         kind = ready[0].queue[0].kind
+        most = self.batch_size if slots is None else slots
         taken = []
         for sequence in ready:
-            if len(taken) >= self.batch_size:
+            if len(taken) >= most:
                 break
             if sequence.queue[0].kind != kind:
                 continue
             taken.append(sequence.queue.popleft())
-            sequence.running = True
+            sequence.running += 1
             self._pin(sequence, worker)
             if not sequence.queue:
                 del self._pending[sequence.id]
@@ -217,15 +245,29 @@ class SequenceQueue(Generic[T]):
 
     def finished(self, items: Collection[T], now: float) -> None:
         """``items`` left their worker (answered or failed): their sequences may send the
-        next request; one that ended, or has nothing left, starts its idle time."""
+        next request; one with nothing left queued or running closes if it was ended (by
+        the request's header or its handler), else starts its idle time."""
         self._clock = max(self._clock, now)
         for item in items:
             sequence = self._sequences.get(item.sequence) if item.sequence else None
             if sequence is None:  # a question, or a sequence closed meanwhile
                 continue
-            sequence.running = False
-            if not sequence.queue:
-                self._rest(sequence, now, ends=item.ends_sequence)
+            sequence.running = max(0, sequence.running - 1)
+            if not sequence.queue and not sequence.running:
+                self._rest(sequence, now, ends=item.ends_sequence or sequence.ending)
+
+    def end(self, sequence_ids: Collection[str], now: float) -> None:
+        """The handler ended these sequences (``ts_request_sequence_end`` in its answer's
+        headers, TorchServe's SequenceContinuousBatching): each closes once nothing of it is
+        queued or running (at once if nothing is)."""
+        self._clock = max(self._clock, now)
+        for sequence_id in sequence_ids:
+            sequence = self._sequences.get(sequence_id)
+            if sequence is None:
+                continue
+            sequence.ending = True
+            if not sequence.queue and not sequence.running:
+                self._close(sequence)
 
     def worker_lost(self, worker: str) -> None:
         """``worker`` is gone: its sequences go to the next idle worker with room. (Its
@@ -233,7 +275,7 @@ class SequenceQueue(Generic[T]):
         for sequence in self._sequences.values():
             if sequence.worker == worker:
                 sequence.worker = None
-                sequence.running = False
+                sequence.running = 0
         self._held.pop(worker, None)
         self._idle_on.pop(worker, None)
 

@@ -49,3 +49,29 @@ def test_continuous_step_sends_its_parts_in_one_chunk_before_the_answers_it_fini
     [finished] = protocol.parse_results(sock.sent[1][1:])
     assert (finished.rid, finished.body) == (b"a", b"done")
     assert list(running.requests) == [b"b", b"c"]  # "a" left; the others run on
+
+
+class AnswersAtOnceOrStreams:
+    """TorchServe's stopping criteria: None for a request answered in one step (TorchServe sends
+    no ``ts_stream_next`` then: it is finished), False for a stream that runs on."""
+
+    def handle(self, rows, context):
+        context.stopping_criteria = [
+            (lambda out: None) if row["body"] == "once" else (lambda out: False)
+            for row in rows]
+        return ["answer" for _ in rows]
+
+
+def test_a_stopping_criterion_of_none_finishes_its_request_as_in_torchserve() -> None:
+    context = Context("m", ".", {"model": {"modelVersion": "1.0"}}, 8, None, "mservd")
+    running = SequenceTable()
+    requests = [protocol.Request(rid, protocol.CODEC_TORCHSERVE, [("body", "text/plain")], {},
+                                 [body]) for rid, body in ((b"a", b"once"), (b"b", b"stream"))]
+    decoded, _ = codecs.decode(requests, context)
+    for request, codec, call in decoded:
+        running.join(request, codec, call)
+    sock = Outbox()
+    step(sock, AnswersAtOnceOrStreams(), context, running, 1 << 20)
+    [finished] = protocol.parse_results(sock.sent[-1][1:])
+    assert sock.sent[-1][0] == protocol.DONE and finished.rid == b"a"
+    assert list(running.requests) == [b"b"]

@@ -47,11 +47,58 @@ def test_sequence_settings_are_read_from_model_config_and_shown_as_torchserve_na
     assert mv.settings.sequence_timeout_ms == 0  # TorchServe's default: no lifetime
 
 
-def test_sequence_batching_is_not_applied_with_continuous_batching(caplog) -> None:
+def test_with_continuous_batching_a_sequences_next_request_joins_its_worker_while_one_runs(
+        caplog) -> None:
     with caplog.at_level(logging.WARNING):
         s, mv = setup(continuousBatching=True)
-    assert not mv.settings.sequence_batching and not isinstance(mv.batcher, SequenceQueue)
-    assert "sequenceBatching is not applied with continuousBatching" in caplog.text
+    assert mv.settings.sequence_batching and isinstance(mv.batcher, SequenceQueue)
+    assert "not applied" not in caplog.text
+    assert sent(submit(s, b"a1", "A", 0.0)) == [("9000", [b"a1"])]
+    assert sent(submit(s, b"b1", "B", 0.0)) == [("9001", [b"b1"])]  # the one holding fewest
+    assert sent(submit(s, b"a2", "A", 0.01)) == [("9000", [b"a2"])]  # a1 still streams
+    assert len(s.running["9000"].requests) == 2
+
+
+def test_with_continuous_batching_a_worker_takes_no_more_than_its_free_slots() -> None:
+    s, mv = setup(workers=1, continuousBatching=True, batchSize=2)
+    submit(s, b"a1", "A", 0.0)
+    submit(s, b"b1", "B", 0.0)
+    assert submit(s, b"c1", "C", 0.0) == []  # both slots taken
+    actions = s.finished(mv.workers["9000"], ok(b"a1"), now=0.1)
+    assert sent(actions) == [("9000", [b"c1"])]
+
+
+def test_the_handler_ends_a_sequence_in_an_answers_header_once_nothing_of_it_runs() -> None:
+    s, mv = setup(workers=1, continuousBatching=True)
+    submit(s, b"a1", "A", 0.0)  # a stream
+    submit(s, b"a2", "A", 0.01)  # the request that ends it
+    submit(s, b"b1", "B", 0.01)
+    assert mv.batcher.open_count(0.02) == 2
+    ends = protocol.head(200, headers={"TS_Request_Sequence_End": "A; other"})
+    s.finished(mv.workers["9000"], [protocol.Result(b"a2", ends, b"{}")], now=0.05)
+    assert mv.batcher.open_count(0.05) == 2  # a1 still runs
+    s.finished(mv.workers["9000"], ok(b"a1"), now=0.06)
+    assert mv.batcher.open_count(0.06) == 1  # closed, not left to idle out
+    [send] = submit(s, b"a3", "A", 0.07)  # named again: opened anew
+    assert send.requests[0].server_headers == {"ts_request_sequence_id": "A"}
+
+
+def test_the_handler_may_end_a_sequence_in_a_streamed_parts_header() -> None:
+    s, mv = setup(workers=1, continuousBatching=True)
+    submit(s, b"a1", "A", 0.0)
+    ends = protocol.head(200, headers={"ts_request_sequence_end": "A"})
+    assert s.progress(mv.workers["9000"], b"a1", 0.05, ends) == FRONTEND
+    assert mv.batcher.open_count(0.05) == 1  # its request still runs
+    s.finished(mv.workers["9000"], ok(b"a1"), now=0.1)
+    assert mv.batcher.open_count(0.1) == 0
+
+
+def test_a_cancelled_stream_leaves_its_sequence_free_to_idle() -> None:
+    s, mv = setup(workers=1, continuousBatching=True, sequenceMaxIdleMSec=100)
+    submit(s, b"a1", "A", 0.0)
+    s.cancel(FRONTEND, b"a1", now=0.05)  # the client went away mid-stream
+    assert mv.batcher.open_count(0.1) == 1
+    assert mv.batcher.open_count(0.2) == 0  # idle since the cancel, 0.1 s on
 
 
 def test_a_sequence_runs_one_request_at_a_time_in_the_order_sent() -> None:
@@ -137,6 +184,19 @@ def test_a_dead_workers_sequence_goes_on_on_another_worker_and_its_request_runs_
     actions = s.worker_lost(dead, now=0.1)
     assert sent(actions) == [("9001", [b"a1"])]  # retried first, then a2 after it
     assert sent(s.finished(mv.workers["9001"], ok(b"a1"), now=0.2)) == [("9001", [b"a2"])]
+
+
+def test_a_dead_continuous_workers_running_requests_of_a_sequence_run_again_in_order() -> None:
+    s, mv = setup(workers=2, continuousBatching=True)
+    submit(s, b"a1", "A", 0.0)  # to 9000
+    submit(s, b"a2", "A", 0.01)  # joins it there
+    submit(s, b"a3", "A", 0.02)
+    assert list(s.running["9000"].requests) == [b"a1", b"a2", b"a3"]
+    dead = mv.workers.pop("9000")
+    # one request of a sequence joins per take, in the order they came
+    assert sent(s.worker_lost(dead, now=0.1)) == [("9001", [b"a1"])]
+    assert sent(s.tick(0.11)) == [("9001", [b"a2"])]
+    assert sent(s.tick(0.12)) == [("9001", [b"a3"])]
 
 
 def test_a_stopped_workers_sequence_moves_to_a_live_worker() -> None:

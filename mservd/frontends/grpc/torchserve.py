@@ -9,6 +9,7 @@ A request's ``sequence_id`` names its stateful model's sequence, as the
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable
@@ -103,6 +104,18 @@ def sequence_of(reply: Reply) -> dict[str, str]:
     return {"sequence_id": sequence} if sequence else {}
 
 
+END = object()  # StreamPredictions2: a task that fed its responses is done
+
+
+async def _parts(stream, named: dict[str, str], out: asyncio.Queue) -> None:
+    """A streamed answer's later parts, each as a response of its own."""
+    try:
+        async for body in stream:
+            out.put_nowait(inference_pb2.PredictionResponse(prediction=body, **named))
+    except Exception as exc:  # to the call, not lost in a task
+        out.put_nowait(exc)
+
+
 class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
     def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool) -> None:
         self.bridge = bridge
@@ -131,31 +144,65 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
 
     async def StreamPredictions2(self, requests, context):
         """TorchServe's stream of a stateful model's sequence: each request is answered in
-        turn, a failed one with the answer's ``status`` (the stream goes on). A request that
-        names no sequence continues the one of the stream's first answer (the server opened
-        it for the first request when that named none); one whose input
-        ``ts_request_sequence_end`` is ``true`` ends it."""
+        turn, a failed one with the answer's ``status`` (the stream goes on), a streamed answer
+        with one response per part. A request is sent once the one before it has begun to
+        answer, so that with SequenceContinuousBatching it joins its sequence while that one
+        still streams (a cancel, say). A request that names no sequence continues the one of
+        the stream's first answer (the server opened it for the first request when that named
+        none); one whose input ``ts_request_sequence_end`` is ``true`` ends it."""
+        out: asyncio.Queue = asyncio.Queue()  # responses, an error to raise, or END
+        sender = asyncio.create_task(self._send_in_turn(requests, context, out))
+        streams: set[asyncio.Task] = set()
+        try:
+            while True:
+                item = await out.get()
+                if item is END:
+                    if sender.done() and not streams:
+                        break
+                    continue
+                if isinstance(item, asyncio.Task):  # a streamed answer's later parts
+                    streams.add(item)
+                    item.add_done_callback(lambda task: (streams.discard(task),
+                                                         out.put_nowait(END)))
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            for task in (sender, *streams):
+                task.cancel()
+
+    async def _send_in_turn(self, requests, context, out: asyncio.Queue) -> None:
+        """StreamPredictions2's requests, each sent once the one before has its first answer,
+        which goes to ``out`` (and a task that sends on its later parts)."""
         sequence = ""
-        async for request in requests:
-            if not request.sequence_id and sequence:
-                request.sequence_id = sequence
-            try:
-                reply = await (await self._call(request, context, False))
-            except BadRequest as exc:
-                reply = Reply.error(exc)
-            except (ControllerGone, TooManyQuestions) as exc:
-                reply = Reply(503, {"code": 503, "type": "ServiceUnavailableException",
-                                    "message": str(exc)})
-            if reply.status >= 400:
-                code = status_code(reply.status).value[0]
-                yield inference_pb2.PredictionResponse(
-                    sequence_id=request.sequence_id,
-                    status=inference_pb2.Status(code=code, message=error_message(reply.body)))
-                continue
-            answer = inference_pb2.PredictionResponse(prediction=reply.body,
-                                                      **sequence_of(reply))
-            sequence = sequence or answer.sequence_id
-            yield answer
+        try:
+            async for request in requests:
+                if not request.sequence_id and sequence:
+                    request.sequence_id = sequence
+                try:
+                    reply = await (await self._call(request, context, True))
+                except BadRequest as exc:
+                    reply = Reply.error(exc)
+                except (ControllerGone, TooManyQuestions) as exc:
+                    reply = Reply(503, {"code": 503, "type": "ServiceUnavailableException",
+                                        "message": str(exc)})
+                if reply.status >= 400:
+                    code = status_code(reply.status).value[0]
+                    out.put_nowait(inference_pb2.PredictionResponse(
+                        sequence_id=request.sequence_id,
+                        status=inference_pb2.Status(code=code,
+                                                    message=error_message(reply.body))))
+                    continue
+                named = sequence_of(reply)
+                out.put_nowait(inference_pb2.PredictionResponse(prediction=reply.body, **named))
+                sequence = sequence or named.get("sequence_id", "")
+                if reply.stream is not None:
+                    out.put_nowait(asyncio.create_task(_parts(reply.stream, named, out)))
+        except Exception as exc:  # an abort (a bad deadline), the client's stream failing
+            out.put_nowait(exc)
+        finally:
+            out.put_nowait(END)
 
     async def _predict(self, request, context, stream: bool) -> Reply:
         try:
