@@ -1088,10 +1088,11 @@ class ModelSettings:
     max_latency_ms: int | None = None
     # model-config.yaml sequenceBatching (TorchServe's stateful inference, mservd/sequences.py):
     # each sequence's requests run in order on one worker, one at a time (with
-    # continuous_batching: each joins between steps, the next while the one before streams); at most
-    # max_num_sequence sequences open, each queueing max_sequence_job_queue_size requests,
-    # closed after sequence_max_idle_ms without a request (0, the default: not applied, as in
-    # TorchServe) or sequence_timeout_ms after it opened (0: never)
+    # continuous_batching: each joins between steps, the next while the one before streams);
+    # at most max_num_sequence sequences open (at least batch_size x max_workers, as in
+    # TorchServe), each queueing max_sequence_job_queue_size requests, closed after
+    # sequence_max_idle_ms without a request (0, the default: not applied, as in TorchServe)
+    # or sequence_timeout_ms after it opened (0: never)
     sequence_batching: bool = False
     max_num_sequence: int = 1
     max_sequence_job_queue_size: int = 1
@@ -1308,6 +1309,9 @@ def resolve_model_settings(
                        "sequenceMaxIdleMSec (0: not a stateful model, as in TorchServe)",
                        model_name, version)
         values["sequence_batching"] = False
+    if values["sequence_batching"]:  # as TorchServe counts it: at least a batch of sequences
+        values["max_num_sequence"] = max(  # for every worker the model may run
+            values["max_num_sequence"], values["batch_size"] * values["max_workers"])
     return ModelSettings(**values)
 
 

@@ -29,8 +29,9 @@ As in TorchServe:
   the one before it still streams (so that a client can, say, cancel it), and the handler
   may end sequences itself: ``ts_request_sequence_end`` in an answer's headers names them
   (``;`` between ids), and each closes once nothing of it is queued or running;
-* each worker holds up to its share of ``maxNumSequence`` (rounded up): a new sequence goes to
-  the first idle worker with room, and stays there. A worker that dies or is stopped leaves
+* each worker holds up to its share of ``maxNumSequence`` (rounded up; which is at least
+  ``batchSize`` × ``maxWorkers``, ``config.py``): a new sequence goes to the first idle worker
+  with room (new ones waiting together are shared out), and stays there. A worker that dies or is stopped leaves
   its sequences to the others (the handler's state for them is lost with it).
 """
 
@@ -195,7 +196,8 @@ class SequenceQueue(Generic[T]):
                  slots: int | None = None) -> list[T]:
         """The batch idle ``worker`` should run now: the next request of each sequence pinned
         to it, then of sequences that no live worker holds (up to its share of
-        maxNumSequence among ``live``, the serving workers' ids), at most ``batch_size``, all
+        maxNumSequence among ``live``, the serving workers' ids, and of those waiting now its
+        part among them), at most ``batch_size``, all
         of one kind. ``[]`` to keep waiting: while fewer are ready than the batch holds and
         other sequences of this worker may send soon, up to ``max_batch_delay`` from the
         oldest's arrival.
@@ -219,7 +221,11 @@ class SequenceQueue(Generic[T]):
                 ready.append(sequence)
             elif sequence.worker is None or sequence.worker not in live:
                 free.append(sequence)
-        ready += free[:max(0, share - self._held[worker])]
+        room = max(0, share - self._held[worker])
+        if len(free) > 1 and len(live) > 1:  # the new sequences shared out among the workers,
+            # as TorchServe's aggregators poll them: one, and a worker's part of the rest
+            room = min(room, 1 + max(1, (len(free) - 1) // len(live)))
+        ready += free[:room]
         if not ready:
             return []
         ready.sort(key=lambda s: s.queue[0].arrived)

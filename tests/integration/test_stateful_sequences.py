@@ -17,7 +17,7 @@ SEQ_END = "ts_request_sequence_end"
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, store):
-    from conftest import Daemon, write_archive
+    from conftest import Daemon, wait_until, write_archive
 
     write_archive(store, "stateful", "stateful_sum.py",
                   config={"sequenceBatching": True, "minWorkers": 2, "maxWorkers": 2,
@@ -25,11 +25,13 @@ def daemon(tmp_path_factory, store):
                           "maxSequenceJobQueueSize": 10, "sequenceMaxIdleMSec": 60000})
     write_archive(store, "statefulone", "stateful_sum.py",
                   config={"sequenceBatching": True, "minWorkers": 1, "maxWorkers": 1,
-                          "batchSize": 4, "maxNumSequence": 1,
+                          "batchSize": 1, "maxNumSequence": 1,
                           "sequenceMaxIdleMSec": 400})
     daemon = Daemon(tmp_path_factory.mktemp("stateful"), store,
                     {"load_models": "stateful.mar,statefulone.mar"})
     daemon.start()
+    wait_until(lambda: [w["status"] for w in daemon.describe("stateful")[0]["workers"]]
+               == ["READY", "READY"], 60, "both workers to be ready")  # sequences spread
     yield daemon
     daemon.stop()
 
@@ -116,12 +118,12 @@ def test_describe_shows_a_stateful_models_settings_and_open_sequences(daemon) ->
     assert described["stateful"] is True and described["sequenceBatching"] is True
     assert (described["maxNumSequence"], described["maxSequenceJobQueueSize"],
             described["sequenceMaxIdleMSec"], described["sequenceTimeoutMSec"]) == (
-        4, 10, 60000, 0)
+        8, 10, 60000, 0)  # 4 set, but at least batchSize x maxWorkers, as in TorchServe
     assert described["jobQueueStatus"]["openSequences"] == 1
     from test_client_commands import mservd, ok
 
     text = ok(mservd("models", "describe", "stateful", daemon=daemon))
-    assert ("  sequences:        1 open of 4, 10 queued each at most, closed idle 60000 ms"
+    assert ("  sequences:        1 open of 8, 10 queued each at most, closed idle 60000 ms"
             in text.splitlines()), text
     add(daemon, "stateful", 1, "described", end=True)
     assert daemon.describe("stateful")[0]["jobQueueStatus"]["openSequences"] == 0

@@ -20,7 +20,7 @@ STEPS = 6  # a stream's steps, 0.1 s each: the handler's STEPS
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, store):
-    from conftest import Daemon, write_archive
+    from conftest import Daemon, wait_until, write_archive
 
     write_archive(store, MODEL, "stateful_stream.py",
                   config={"sequenceBatching": True, "continuousBatching": True,
@@ -30,6 +30,8 @@ def daemon(tmp_path_factory, store):
     daemon = Daemon(tmp_path_factory.mktemp("statefulstream"), store,
                     {"load_models": f"{MODEL}.mar"})
     daemon.start()
+    wait_until(lambda: [w["status"] for w in daemon.describe(MODEL)[0]["workers"]]
+               == ["READY", "READY"], 60, "both workers to be ready")  # sequences spread
     yield daemon
     daemon.stop()
 

@@ -19,6 +19,9 @@ STATEFUL = {"sequenceBatching": True, "batchSize": 4, "maxBatchDelay": 0,
             "maxNumSequence": 4, "maxSequenceJobQueueSize": 3, "sequenceMaxIdleMSec": 1000}
 
 
+ONE_AT_A_TIME = {"batchSize": 1, "minWorkers": 1, "maxWorkers": 1}  # maxNumSequence as set
+
+
 def setup(workers: int = 2, settings: Settings | None = None,
           **yaml) -> tuple[Scheduler, ModelVersion]:
     return scheduler_setup(workers, settings, model_yaml={**STATEFUL, **yaml})
@@ -101,6 +104,13 @@ def test_a_cancelled_stream_leaves_its_sequence_free_to_idle() -> None:
     assert mv.batcher.open_count(0.2) == 0  # idle since the cancel, 0.1 s on
 
 
+def test_max_num_sequence_is_at_least_a_batch_for_every_worker_as_in_torchserve() -> None:
+    s, mv = setup(maxNumSequence=4, batchSize=4, minWorkers=2, maxWorkers=3)
+    assert mv.settings.max_num_sequence == 12 and mv.batcher.max_sequences == 12
+    s, mv = setup(maxNumSequence=20, batchSize=4, minWorkers=2, maxWorkers=3)
+    assert mv.settings.max_num_sequence == 20
+
+
 def test_a_sequence_runs_one_request_at_a_time_in_the_order_sent() -> None:
     s, mv = setup(workers=1)
     assert sent(submit(s, b"a1", "A", 0.0)) == [("9000", [b"a1"])]
@@ -132,6 +142,14 @@ def test_a_sequence_stays_on_its_worker_while_another_worker_is_idle() -> None:
     assert sent(submit(s, b"b2", "B", 0.06)) == [("9001", [b"b2"])]
 
 
+def test_new_sequences_that_come_together_are_shared_out_among_the_idle_workers() -> None:
+    s, mv = setup(workers=2, maxNumSequence=8)  # each worker's share would hold all four
+    for rid, sequence in ((b"a1", "A"), (b"b1", "B"), (b"c1", "C"), (b"d1", "D")):
+        route = protocol.Route(rid, "m", None, None, sent=0.0, sequence=sequence)
+        s.enqueue(FRONTEND, route, [], now=0.0)  # one frontend's turn: queued, then sent
+    assert sent(s.dispatch(mv, 0.0)) == [("9000", [b"a1", b"b1"]), ("9001", [b"c1", b"d1"])]
+
+
 def test_a_request_without_a_sequence_id_opens_one_and_is_told_it_starts() -> None:
     s, mv = setup(workers=1)
     [send] = submit(s, b"x", None, 0.0)
@@ -144,7 +162,7 @@ def test_a_request_without_a_sequence_id_opens_one_and_is_told_it_starts() -> No
 
 
 def test_more_sequences_than_max_num_sequence_are_refused_503_until_one_idles_out() -> None:
-    s, mv = setup(workers=1, maxNumSequence=2, sequenceMaxIdleMSec=500)
+    s, mv = setup(workers=1, maxNumSequence=2, sequenceMaxIdleMSec=500, **ONE_AT_A_TIME)
     submit(s, b"a1", "A", 0.0)
     submit(s, b"b1", "B", 0.0)
     [refused] = submit(s, b"c1", "C", 0.1)
@@ -168,7 +186,7 @@ def test_a_sequence_queues_no_more_than_max_sequence_job_queue_size() -> None:
 
 
 def test_the_request_that_ends_a_sequence_closes_it_once_answered() -> None:
-    s, mv = setup(workers=1, maxNumSequence=1)
+    s, mv = setup(workers=1, maxNumSequence=1, **ONE_AT_A_TIME)
     submit(s, b"a1", "A", 0.0, ends=True)
     assert isinstance(submit(s, b"b1", "B", 0.01)[0], Refuse)  # one sequence allowed: A's
     s.finished(mv.workers["9000"], ok(b"a1"), now=0.02)
@@ -226,7 +244,7 @@ def test_a_cancelled_sequence_request_leaves_the_queue() -> None:
 
 
 def test_a_describe_question_to_a_stateful_handler_runs_alone_in_no_sequence() -> None:
-    s, mv = setup(workers=1, maxNumSequence=1)
+    s, mv = setup(workers=1, maxNumSequence=1, **ONE_AT_A_TIME)
     submit(s, b"a1", "A", 0.0)
     assert s.ask(mv, b"admin", b"q", protocol.describe_question(), now=0.01) == []
     submit(s, b"a2", "A", 0.02)
