@@ -125,7 +125,17 @@ def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: i
     criteria = context.stopping_criteria
     finished, parts = [], []
     for index, ((request, codec, call), output) in enumerate(zip(entries, outputs)):
-        if criteria is None or _stops(criteria[index], output):
+        try:
+            stops = criteria is None or _stops(criteria[index], output)
+        except Exception as exc:  # the handler's criterion fails its request, not the worker
+            log.error("stopping criterion of request %s failed: %s", request.rid.decode(), exc,
+                      exc_info=True)
+            finished.append(protocol.Result(request.rid, *codec.error(
+                500, "InternalServerException",
+                f"The handler's stopping criterion failed: {type(exc).__name__}: {exc}")))
+            running.leave(request.rid, context)
+            continue
+        if stops:
             finished.append(protocol.Result(request.rid,
                                             *codec.encode(call, [output], context, limit)))
             running.leave(request.rid, context)

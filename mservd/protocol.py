@@ -616,7 +616,10 @@ class Reply:
 
     ``body`` is bytes on the wire; a verb may give a str or a JSON-able value, encoded by
     :meth:`result`. A streamed answer has ``stream``: the bodies of the later parts, final one
-    last; ``status``, ``content_type`` and ``headers`` are then those of the first part.
+    last; ``status``, ``content_type`` and ``headers`` are then those of the first part, and
+    ``final_status`` that of the final answer once ``stream`` has yielded its body (a stream
+    may fail after it began: a deadline, a worker that died); ``give_up()``, for a reader that
+    stops early, read or not, cancels the request unless its answer has ended.
     """
 
     status: int
@@ -624,6 +627,8 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     content_type: str = JSON
     stream: Any = None
+    final_status: int | None = None
+    give_up: Any = None  # a streamed answer's: () -> None
 
     def body_bytes(self) -> bytes:
         body = self.body

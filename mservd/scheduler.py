@@ -175,6 +175,10 @@ class Scheduler:
                 if pending.sequence is not None and len(pending.sequence) > 256:
                     raise BadRequest("The ts_request_sequence_id header must have at most 256 "
                                      "characters.")
+                if pending.sequence is not None and ";" in pending.sequence:
+                    # a handler names the sequences it ends in one header, ';' between them:
+                    # one id with ';' in it could end other clients' sequences
+                    raise BadRequest("The ts_request_sequence_id header must not contain ';'.")
                 added = mv.batcher.add_to_sequence(pending, now)
             else:
                 added = mv.batcher.add(pending)

@@ -31,8 +31,9 @@ As in TorchServe:
   (``;`` between ids), and each closes once nothing of it is queued or running;
 * each worker holds up to its share of ``maxNumSequence`` (rounded up; which is at least
   ``batchSize`` × ``maxWorkers``, ``config.py``): a new sequence goes to the first idle worker
-  with room (new ones waiting together are shared out), and stays there. A worker that dies or is stopped leaves
-  its sequences to the others (the handler's state for them is lost with it).
+  with room (new ones waiting together are shared out), and stays there. A worker that dies
+  or is stopped leaves its sequences to the others (the handler's state for them is lost
+  with it); a sequence still running on a stopping worker moves only once it is done there.
 """
 
 from __future__ import annotations
@@ -219,8 +220,8 @@ class SequenceQueue(Generic[T]):
                 continue
             if sequence.worker == worker:
                 ready.append(sequence)
-            elif sequence.worker is None or sequence.worker not in live:
-                free.append(sequence)
+            elif not sequence.running and (sequence.worker is None or sequence.worker not in live):
+                free.append(sequence)  # (one still running on a stopping worker stays there)
         room = max(0, share - self._held[worker])
         if len(free) > 1 and len(live) > 1:  # the new sequences shared out among the workers,
             # as TorchServe's aggregators poll them: one, and a worker's part of the rest
@@ -259,6 +260,8 @@ class SequenceQueue(Generic[T]):
             if sequence is None:  # a question, or a sequence closed meanwhile
                 continue
             sequence.running = max(0, sequence.running - 1)
+            if item.ends_sequence and sequence.running:  # others of it still run (streams):
+                sequence.ending = True  # it ends once they are done
             if not sequence.queue and not sequence.running:
                 self._rest(sequence, now, ends=item.ends_sequence or sequence.ending)
 
@@ -318,7 +321,7 @@ class SequenceQueue(Generic[T]):
             if not kept:
                 del self._pending[sequence.id]
                 if not sequence.running:
-                    self._rest(sequence, self._clock)
+                    self._rest(sequence, self._clock, ends=sequence.ending)
         self._queued -= len(removed)
         return removed
 

@@ -254,14 +254,19 @@ class AsyncBridge:
                 first = await self._next_part(got, timeout)
                 if stream:
                     streaming = True
-                    return Reply.from_result(protocol.parse_result(first[1:]),
-                                             self._parts(rid, got, first, timeout))
+                    reply = Reply.from_result(protocol.parse_result(first[1:]))
+                    reply.stream = self._parts(rid, got, first, timeout, reply)
+                    reply.give_up = lambda: self._give_up(rid)
+                    return reply
                 while first[0] != protocol.REPLY:
                     first = await self._next_part(got, timeout)
                 got = first
         except TimeoutError:
             raise ControllerGone(f"No answer from the controller within {timeout:.0f} s.") \
                 from None
+        except asyncio.CancelledError:  # the caller gave up (a gRPC client cancelled)
+            self._give_up(rid)
+            raise
         finally:
             if not streaming:
                 self._waiting.pop(rid, None)
@@ -275,23 +280,41 @@ class AsyncBridge:
         return got
 
     async def _parts(self, rid: bytes, parts: asyncio.Queue, first: list[bytes],
-                     timeout: float) -> AsyncIterator[bytes]:
-        """The bodies of a streamed answer after the first; ends with the final answer's."""
+                     timeout: float, reply: Reply) -> AsyncIterator[bytes]:
+        """The bodies of a streamed answer after the first; ends with the final answer's,
+        whose status it sets on ``reply`` first. Left unread (the caller gave up), the
+        request is cancelled: a continuous worker frees its slot."""
+        ended = first[0] == protocol.REPLY
         try:
-            if first[0] == protocol.REPLY:
+            if ended:
+                reply.final_status = reply.status
                 return
             while True:
                 try:
                     got = await asyncio.wait_for(parts.get(), timeout)
                 except TimeoutError:
+                    ended = True
                     return  # the worker went quiet: the stream just ends
                 if got is None:
+                    ended = True
                     return  # cancelled: the client went away
-                yield got[3]
                 if got[0] == protocol.REPLY:
+                    ended = True
+                    reply.final_status = protocol.Head.parse(got[2]).status
+                yield got[3]
+                if ended:
                     return
         finally:
-            self._waiting.pop(rid, None)
+            if ended:
+                self._waiting.pop(rid, None)
+            else:
+                self._give_up(rid)
+
+    def _give_up(self, rid: bytes) -> None:
+        """Its caller stopped waiting for ``rid`` (cancelled, or a stream left unread): the
+        controller drops the request, or frees its slot on a continuous worker."""
+        if self._waiting.pop(rid, None) is not None and self._sock is not None:
+            self._send(protocol.cancel(rid))
 
     def cancel(self, rid: bytes) -> None:
         """The client went away: the controller drops the request if it is still queued, and

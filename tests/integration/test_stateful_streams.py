@@ -129,3 +129,23 @@ def test_grpc_stream_predictions2_streams_parts_and_lets_a_cancel_join(daemon) -
     # the stream's later steps, cut short by the cancel
     assert steps.count(1) == 3 and max(steps) < STEPS and len(got) == max(steps) + 2, got
     channel.close()
+
+
+def test_grpc_stream_predictions2_says_when_a_stream_fails_after_it_began(daemon) -> None:
+    import grpc
+
+    from mservd.frontends.grpc.generated import inference_pb2, inference_pb2_grpc
+
+    channel = grpc.insecure_channel(daemon.grpc_address("inference"))
+    stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+    metadata = (("authorization", f"Bearer {daemon.key('inference')}"),
+                ("x-request-timeout-ms", "250"))  # the stream takes 0.6 s
+    stream = inference_pb2.PredictionsRequest(model_name=MODEL, input={"data": b"1"},
+                                              sequence_id="grpc-late")
+    answers = list(stub.StreamPredictions2(iter([stream]), metadata=metadata, timeout=60))
+    assert answers[0].status.code == 0 and json.loads(answers[0].prediction)["step"] == 1
+    last = answers[-1]
+    assert last.status.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0], answers
+    assert last.sequence_id == "grpc-late" and not last.prediction
+    assert "deadline" in last.status.message
+    channel.close()

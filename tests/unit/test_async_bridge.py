@@ -138,3 +138,53 @@ def test_a_worker_sends_no_answer_directly_that_must_pass_the_controller(tmp_pat
     finally:
         links.close()
         ctx.term()
+
+
+def test_a_stream_left_unread_is_cancelled_and_one_that_fails_late_says_so(tmp_path) -> None:
+    """A caller that stops reading a streamed answer (a gRPC client that cancelled) sends the
+    controller a CANCEL, so a continuous worker frees the slot; a stream whose final answer
+    failed after parts went out tells its status (``Reply.final_status``)."""
+    endpoint = f"ipc://{tmp_path}/controller.sock"
+    ctx = zmq.Context()
+    router = controller_socket(ctx, endpoint)
+    received: list[bytes] = []
+
+    async def controller() -> None:
+        """Answer r1 with a part, then a 504; r2 with a part, then wait for its CANCEL."""
+        answered = 0
+        while answered < 2 or protocol.CANCEL not in received:
+            if not router.poll(0):
+                await asyncio.sleep(0.001)
+                continue
+            fid, *frames = router.recv_multipart()
+            received.append(frames[0])
+            if frames[0] != protocol.PREDICT:
+                continue
+            for route, _ in protocol.parse_predictions(frames[1:]):
+                answered += 1
+                router.send_multipart([fid, *protocol.chunks(
+                    [protocol.Result(route.rid, protocol.head(200), b"part")])])
+                if route.rid == b"r1":
+                    router.send_multipart([fid, *protocol.replies([protocol.Result(
+                        route.rid, protocol.head(504), b'{"code": 504}')])])
+
+    async def main() -> tuple[list[bytes], int | None]:
+        bridge = AsyncBridge(endpoint)
+        try:
+            answering = asyncio.ensure_future(controller())
+            failing = await bridge.call(b"r1", request(b"r1"), 3.0, stream=True)
+            bodies = [failing.body] + [body async for body in failing.stream]
+            unread = await bridge.call(b"r2", request(b"r2"), 3.0, stream=True)
+            unread.give_up()  # the client went away after the first part
+            await asyncio.wait_for(answering, 3.0)
+            return bodies, failing.final_status
+        finally:
+            bridge.close()
+
+    try:
+        bodies, final_status = asyncio.run(main())
+    finally:
+        router.close()
+        ctx.term()
+    assert bodies == [b"part", b'{"code": 504}'] and final_status == 504
+    assert received.count(protocol.CANCEL) == 1

@@ -62,16 +62,42 @@ class AnswersAtOnceOrStreams:
         return ["answer" for _ in rows]
 
 
-def test_a_stopping_criterion_of_none_finishes_its_request_as_in_torchserve() -> None:
+def one_step(handler, bodies: dict[bytes, bytes]) -> tuple[Outbox, SequenceTable]:
+    """Run one step of ``handler`` with a request per ``rid: body``: what it sent, what runs on."""
     context = Context("m", ".", {"model": {"modelVersion": "1.0"}}, 8, None, "mservd")
     running = SequenceTable()
     requests = [protocol.Request(rid, protocol.CODEC_TORCHSERVE, [("body", "text/plain")], {},
-                                 [body]) for rid, body in ((b"a", b"once"), (b"b", b"stream"))]
+                                 [body]) for rid, body in bodies.items()]
     decoded, _ = codecs.decode(requests, context)
     for request, codec, call in decoded:
         running.join(request, codec, call)
     sock = Outbox()
-    step(sock, AnswersAtOnceOrStreams(), context, running, 1 << 20)
+    step(sock, handler, context, running, 1 << 20)
+    return sock, running
+
+
+def test_a_stopping_criterion_of_none_finishes_its_request_as_in_torchserve() -> None:
+    sock, running = one_step(AnswersAtOnceOrStreams(), {b"a": b"once", b"b": b"stream"})
     [finished] = protocol.parse_results(sock.sent[-1][1:])
     assert sock.sent[-1][0] == protocol.DONE and finished.rid == b"a"
     assert list(running.requests) == [b"b"]
+
+
+class CriterionFails:
+    """A stopping criterion that raises for one request (a handler's bug)."""
+
+    def handle(self, rows, context):
+        def broken(out):
+            raise KeyError("state already cleaned up")
+
+        context.stopping_criteria = [
+            broken if row["body"] == "broken" else (lambda out: True) for row in rows]
+        return ["answer" for _ in rows]
+
+
+def test_a_stopping_criterion_that_raises_fails_its_request_not_the_worker() -> None:
+    sock, running = one_step(CriterionFails(), {b"a": b"broken", b"b": b"fine"})  # it returns
+    answers = {r.rid: r for r in protocol.parse_results(sock.sent[-1][1:])}
+    assert protocol.Head.parse(answers[b"a"].head).status == 500
+    assert b"stopping criterion failed" in answers[b"a"].body
+    assert answers[b"b"].body == b"answer" and running.requests == {}

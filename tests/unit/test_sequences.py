@@ -96,6 +96,47 @@ def test_the_handler_may_end_a_sequence_in_a_streamed_parts_header() -> None:
     assert mv.batcher.open_count(0.1) == 0
 
 
+def test_a_clients_end_sent_while_another_request_of_it_streams_closes_it_after_both() -> None:
+    s, mv = setup(workers=1, continuousBatching=True)
+    submit(s, b"a1", "A", 0.0)  # a stream
+    submit(s, b"a2", "A", 0.01, ends=True)  # joins it, and ends the sequence
+    s.finished(mv.workers["9000"], ok(b"a2"), now=0.05)
+    assert mv.batcher.open_count(0.05) == 1  # a1 still runs
+    s.finished(mv.workers["9000"], ok(b"a1"), now=0.1)
+    assert mv.batcher.open_count(0.1) == 0  # closed, not left to idle out
+
+
+def test_a_sequence_still_running_on_a_stopping_worker_does_not_move_until_done() -> None:
+    s, mv = setup(workers=2, continuousBatching=True)
+    submit(s, b"a1", "A", 0.0)  # streams on 9000
+    mv.workers["9000"].state = WorkerState.STOPPING  # scaled down: it finishes a1, then stops
+    assert submit(s, b"a2", "A", 0.01) == []  # not to 9001 while A's state runs on 9000
+    assert sent(s.finished(mv.workers["9000"], ok(b"a1"), now=0.1)) == [("9001", [b"a2"])]
+    s.finished(mv.workers["9001"], ok(b"a2"), now=0.2)
+    assert mv.batcher.open_count(0.2) == 1 and mv.batcher.held("9001") == 1
+
+
+def test_the_handlers_end_holds_when_its_last_queued_request_is_cancelled() -> None:
+    s, mv = setup(workers=1, continuousBatching=True, batchSize=2)
+    submit(s, b"a1", "A", 0.0)
+    submit(s, b"b1", "B", 0.0)  # both slots taken
+    submit(s, b"b2", "B", 0.01)
+    submit(s, b"a2", "A", 0.02)
+    ends = protocol.head(200, headers={"ts_request_sequence_end": "A"})
+    actions = s.finished(mv.workers["9000"], [protocol.Result(b"a1", ends, b"{}")], now=0.05)
+    assert sent(actions) == [("9000", [b"b2"])]  # the older one; a2 still queued
+    assert mv.batcher.open_count(0.05) == 2
+    s.cancel(FRONTEND, b"a2", now=0.06)  # its client gives up while it waits
+    assert mv.batcher.open_count(0.06) == 1  # A closed, as its handler said
+
+
+def test_a_sequence_id_with_a_semicolon_is_refused_400() -> None:
+    s, mv = setup(workers=1, continuousBatching=True)
+    [refused] = submit(s, b"x", "mine;yours", 0.0)
+    assert isinstance(refused, Refuse) and refused.error.http_status == 400
+    assert "';'" in refused.error.message
+
+
 def test_a_cancelled_stream_leaves_its_sequence_free_to_idle() -> None:
     s, mv = setup(workers=1, continuousBatching=True, sequenceMaxIdleMSec=100)
     submit(s, b"a1", "A", 0.0)

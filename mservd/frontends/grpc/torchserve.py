@@ -107,13 +107,28 @@ def sequence_of(reply: Reply) -> dict[str, str]:
 END = object()  # StreamPredictions2: a task that fed its responses is done
 
 
-async def _parts(stream, named: dict[str, str], out: asyncio.Queue) -> None:
-    """A streamed answer's later parts, each as a response of its own."""
+def failed(status: int, body: bytes, sequence_id: str) -> inference_pb2.PredictionResponse:
+    """StreamPredictions2's answer to a request that failed: its ``status``, the stream goes
+    on."""
+    return inference_pb2.PredictionResponse(
+        sequence_id=sequence_id,
+        status=inference_pb2.Status(code=status_code(status).value[0],
+                                    message=error_message(body)))
+
+
+async def _parts(reply: Reply, named: dict[str, str], out: asyncio.Queue) -> None:
+    """A streamed answer's later parts, each as a response of its own; a final answer that
+    failed (a deadline, a worker that died) as a failed request's."""
     try:
-        async for body in stream:
-            out.put_nowait(inference_pb2.PredictionResponse(prediction=body, **named))
+        async for body in reply.stream:
+            if (reply.final_status or 200) >= 400:
+                out.put_nowait(failed(reply.final_status, body, named.get("sequence_id", "")))
+            else:
+                out.put_nowait(inference_pb2.PredictionResponse(prediction=body, **named))
     except Exception as exc:  # to the call, not lost in a task
         out.put_nowait(exc)
+    finally:  # the call ended early (the client cancelled): the request is dropped
+        reply.give_up()
 
 
 class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
@@ -137,10 +152,17 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
         """One response per part a streaming handler sends, the final answer last (TorchServe's
         send_intermediate_predict_response); one response for any other handler."""
         reply = await self._predict(request, context, stream=True)
-        yield inference_pb2.PredictionResponse(prediction=reply.body, **sequence_of(reply))
-        if reply.stream is not None:
-            async for body in reply.stream:
-                yield inference_pb2.PredictionResponse(prediction=body)
+        try:
+            yield inference_pb2.PredictionResponse(prediction=reply.body, **sequence_of(reply))
+            if reply.stream is not None:
+                async for body in reply.stream:
+                    if (reply.final_status or 200) >= 400:  # it failed after it began
+                        await context.abort(status_code(reply.final_status),
+                                            error_message(body))
+                    yield inference_pb2.PredictionResponse(prediction=body)
+        finally:  # the client cancelled mid-stream: the request is dropped
+            if reply.give_up is not None:
+                reply.give_up()
 
     async def StreamPredictions2(self, requests, context):
         """TorchServe's stream of a stateful model's sequence: each request is answered in
@@ -188,17 +210,13 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
                     reply = Reply(503, {"code": 503, "type": "ServiceUnavailableException",
                                         "message": str(exc)})
                 if reply.status >= 400:
-                    code = status_code(reply.status).value[0]
-                    out.put_nowait(inference_pb2.PredictionResponse(
-                        sequence_id=request.sequence_id,
-                        status=inference_pb2.Status(code=code,
-                                                    message=error_message(reply.body))))
+                    out.put_nowait(failed(reply.status, reply.body, request.sequence_id))
                     continue
                 named = sequence_of(reply)
                 out.put_nowait(inference_pb2.PredictionResponse(prediction=reply.body, **named))
                 sequence = sequence or named.get("sequence_id", "")
                 if reply.stream is not None:
-                    out.put_nowait(asyncio.create_task(_parts(reply.stream, named, out)))
+                    out.put_nowait(asyncio.create_task(_parts(reply, named, out)))
         except Exception as exc:  # an abort (a bad deadline), the client's stream failing
             out.put_nowait(exc)
         finally:
