@@ -83,7 +83,8 @@ class Sequence(Generic[T]):
         self.running = 0  # its requests in a worker now (more than one only continuously)
         self.opened = now
         self.idle_since = now  # when it last had nothing queued or running
-        self.ending = False  # its handler ended it: it closes once nothing of it is left
+        self.ending = False  # ended (by its handler, or a client while others of it ran):
+        # it closes once nothing of it is left
 
 
 class SequenceQueue(Generic[T]):
@@ -198,10 +199,9 @@ class SequenceQueue(Generic[T]):
         """The batch idle ``worker`` should run now: the next request of each sequence pinned
         to it, then of sequences that no live worker holds (up to its share of
         maxNumSequence among ``live``, the serving workers' ids, and of those waiting now its
-        part among them), at most ``batch_size``, all
-        of one kind. ``[]`` to keep waiting: while fewer are ready than the batch holds and
-        other sequences of this worker may send soon, up to ``max_batch_delay`` from the
-        oldest's arrival.
+        part among them), at most ``batch_size``, all of one kind. ``[]`` to keep waiting:
+        while fewer are ready than the batch holds and other sequences of this worker may
+        send soon, up to ``max_batch_delay`` from the oldest's arrival.
 
         ``slots``: the worker batches continuously (TorchServe's SequenceContinuousBatching)
         and has that many free. Then a sequence's next request joins while the one before it
