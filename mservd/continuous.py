@@ -8,6 +8,8 @@ all (``handlers/causal_lm.py``), keeping its state in ``context.cache`` and sayi
 ``context.stopping_criteria`` which requests are finished. The others' step outputs go back
 together as one CHUNK (when their codec streams), then the finished requests' answers as one
 DONE. A request whose client went away leaves before the next step, so its slot is free.
+Steps that send nothing (non-streamed generations) are reported with STEPPED at most every
+``protocol.STEP_REPORT_INTERVAL``: the controller times a worker's steps, not its answers.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def serve_continuous(sock: Any, handler: Any, context: Any, worker_id: str, pare
     running = SequenceTable()
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
-    shipped = time.monotonic()
+    shipped = told = time.monotonic()
     while True:
         if not poller.poll(0 if running.requests else 1000):
             if not running.requests:
@@ -72,7 +74,8 @@ def serve_continuous(sock: Any, handler: Any, context: Any, worker_id: str, pare
                 log.error("worker dropped a message of kind %r", kind[:8])
         if running.requests:
             with threads.batch():
-                step(sock, handler, context, running, max_response_size)
+                sent = step(sock, handler, context, running, max_response_size)
+            told = report_step(sock, sent, told)
         if time.monotonic() - shipped >= 1.0:
             shipped = time.monotonic()
             ship_metrics(sock, context)
@@ -92,8 +95,22 @@ def admit(sock: Any, frames: list[bytes], running: SequenceTable, context: Any) 
         sock.send_multipart(protocol.done(refused))
 
 
-def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: int) -> None:
-    """One call of the handler with every running request (one row each)."""
+def report_step(sock: Any, sent: bool, told: float) -> float:
+    """After a step: say STEPPED if the controller has heard nothing from this worker for
+    ``STEP_REPORT_INTERVAL`` (a step that sent parts or answers said enough); when it was last
+    told."""
+    now = time.monotonic()
+    if sent:
+        return now
+    if now - told >= protocol.STEP_REPORT_INTERVAL:
+        sock.send_multipart(protocol.stepped())
+        return now
+    return told
+
+
+def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: int) -> bool:
+    """One call of the handler with every running request (one row each); whether it sent
+    the controller anything (parts or answers)."""
     entries = list(running.requests.values())
     rows, ids, headers = [], [], []
     for index, (request, codec, call) in enumerate(entries):
@@ -121,7 +138,7 @@ def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: i
             for r, codec, _ in entries))
         for request, _, _ in entries:
             running.leave(request.rid, context)
-        return
+        return True
     criteria = context.stopping_criteria
     finished, parts = [], []
     for index, ((request, codec, call), output) in enumerate(zip(entries, outputs)):
@@ -147,6 +164,7 @@ def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: i
         sock.send_multipart(protocol.chunks(parts))
     if finished:
         sock.send_multipart(protocol.done(finished))
+    return bool(parts or finished)
 
 
 def _stops(criterion: Any, output: Any) -> bool:

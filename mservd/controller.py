@@ -393,6 +393,8 @@ class Controller:
                 fid = self.scheduler.progress(worker, part.rid, now, part.head)
                 if fid is not None:
                     self._queue(self.parts, fid, part)
+        elif kind == protocol.STEPPED:  # a continuous worker's steps go on, unstreamed
+            self.scheduler.stepped(worker, now)
         elif kind == protocol.READY:
             if self.supervisor.on_ready(worker):
                 worker.job_endpoint = protocol.parse_ready(frames[2])

@@ -20,6 +20,8 @@ to it and forwarded as the same bytes::
                             DONE     | MSV1D | rid | head | body | rid | head | body | ... |
                             ANSWERED | MSV1A | rid | head | rid | head | ... |
                             CHUNK    | MSV1C | rid | head | body | rid | ... |
+                            STEPPED  | MSV1N |   (a continuous worker finished a step and
+                                               sent nothing for STEP_REPORT_INTERVAL)
                             METRICS  | MSV1Q | [[name, value, unit, kind, {dim: value}], ...] |
     worker -> frontend      REPLY    | MSV1R | rid | head | body | ... |   (answers sent directly)
                             CHUNK    | MSV1C | rid | head | body | ... |   (... and parts)
@@ -118,10 +120,18 @@ SERVED = MAGIC + b"E"
 OVERDUE = MAGIC + b"O"
 RECALL = MAGIC + b"T"
 RETURNED = MAGIC + b"U"
+STEPPED = MAGIC + b"N"
 
 KINDS = frozenset({PREDICT, MANAGE, CANCEL, REPLY, CHUNK, BATCH, STOP, READY, FAILED, DONE,
                    ANSWERED, METRICS, LEASE, REVOKE, SERVED, OVERDUE, RECALL,
-                   RETURNED})
+                   RETURNED, STEPPED})
+
+# Seconds a continuous worker that runs requests stays silent at most between two steps'
+# ends: it says STEPPED when a step sent no part and no answer for that long. The controller
+# gives a step response_timeout from its last word plus this, so a step is timed, never a whole
+# generation (a non-streamed one sends nothing until its end), at one small message a worker
+# twice a second
+STEP_REPORT_INTERVAL = 0.5
 
 # A worker's METRICS sample of the device memory it holds (the controller keeps it on the
 # worker's handle for describe and the dashboard, not as a handler metric)
@@ -686,6 +696,11 @@ def parse_manage(frame: bytes) -> ManageCall:
 
 def cancel(rid: bytes) -> list[bytes]:
     return [CANCEL, rid]
+
+
+def stepped() -> list[bytes]:
+    """A continuous worker's word that its steps go on (``STEP_REPORT_INTERVAL``)."""
+    return [STEPPED]
 
 
 # -- a worker's life: READY, FAILED, METRICS, STOP ---------------------------------------------

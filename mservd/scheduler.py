@@ -10,7 +10,11 @@ running is kept here. Workers' lives (starting, serving, stopping) are the super
 A model with ``continuousBatching`` is scheduled by slots instead of batches: each of its
 workers runs up to ``batch_size`` requests at once, a request is sent as soon as a slot is
 free, and each finishes (DONE) on its own; a client that goes away frees its slot
-(:class:`CancelRunning`). Its deadline moves with the worker's progress (each streamed part).
+(:class:`CancelRunning`). ``response_timeout`` bounds each of its worker's steps, not a whole
+generation: the worker's deadline moves with each word from it (a streamed part, an answer, or
+STEPPED, which a worker whose steps send nothing says every ``STEP_REPORT_INTERVAL``); a
+request's own deadline (``ends_by``) bounds its generation. A request that has streamed a part
+is never run again elsewhere when its worker dies: its client would get that part twice.
 
 A stateful model (``sequenceBatching``) queues each sequence's requests apart
 (:class:`~mservd.sequences.SequenceQueue`, its version's ``batcher``): each idle worker gets the
@@ -381,9 +385,9 @@ class Scheduler:
                 continue
             observe_waits(vm, batch, now)
             if running is None:
-                running = self.running[worker.id] = Running(mv, {}, now, 0.0)
-            running.requests.update((p.rid, p) for p in batch)
-            running.deadline = now + mv.settings.response_timeout
+                running = self.running[worker.id] = Running(mv, {}, now, step_deadline(mv, now))
+            running.requests.update((p.rid, p) for p in batch)  # (a busy worker's deadline
+            # stays: new requests are no sign that its step goes on)
             actions.append(SendBatch(worker, batch))
             if not len(mv.batcher):
                 break
@@ -408,8 +412,15 @@ class Scheduler:
             vm.between_parts.observe(now - pending.last_part)
         pending.last_part = now
         if running.mv.settings.continuous_batching:
-            running.deadline = now + running.mv.settings.response_timeout
+            running.deadline = step_deadline(running.mv, now)
         return pending.fid
+
+    def stepped(self, worker: Worker, now: float) -> None:
+        """A continuous worker's STEPPED: its steps go on though they sent nothing (its
+        requests are not streamed), so its step deadline moves."""
+        running = self.running.get(worker.id)
+        if running is not None and running.mv.settings.continuous_batching:
+            running.deadline = step_deadline(running.mv, now)
 
     def finished(self, worker: Worker, results: list[protocol.Result], now: float,
                  answered: bool = False) -> list[Action]:
@@ -522,7 +533,7 @@ class Scheduler:
             if mv.settings.sequence_batching:  # SequenceContinuousBatching
                 mv.batcher.end(ended_by(head.headers), now)
                 mv.batcher.finished([pending], now)
-        running.deadline = now + running.mv.settings.response_timeout
+        running.deadline = step_deadline(mv, now)
         if not running.requests:
             del self.running[worker.id]
         return actions + self.dispatch(running.mv, now)
@@ -532,8 +543,9 @@ class Scheduler:
         return sum(len(r.requests) for r in self.running.values() if r.mv is mv)
 
     def worker_lost(self, worker: Worker, now: float) -> list[Action]:
-        """A worker exited: its requests run once more on another worker, else fail; its
-        lease ends (the frontends send again what they had sent it)."""
+        """A worker exited: its requests that sent their client nothing run once more on
+        another worker, the others fail; its lease ends (the frontends send again what they
+        had sent it)."""
         actions: list[Action] = list(self.leases.lost(worker))
         running = self.running.pop(worker.id, None)
         if running is None:
@@ -542,12 +554,13 @@ class Scheduler:
         if mv.settings.sequence_batching:  # its sequences go to the next idle worker
             mv.batcher.worker_lost(worker.id)
         for pending in reversed(running.requests.values()):  # each put first: in order
-            if (not pending.retried and self.registry.has_version(mv.name, mv.version)
+            if (not pending.retried and pending.last_part is None
+                    and self.registry.has_version(mv.name, mv.version)
                     and any(w.is_serving and w is not worker for w in mv.workers.values())):
                 pending.retried = True
                 mv.batcher.push_front(pending)
             else:
-                actions.append(self.refuse(pending.fid, pending.rid, WorkerDied(), mv))
+                actions.append(self.refuse(pending.fid, pending.rid, died_running(pending), mv))
                 if mv.settings.sequence_batching:
                     mv.batcher.finished([pending], now)
         return actions + self.dispatch(mv, now)
@@ -567,7 +580,8 @@ class Scheduler:
                 for pending in running.requests.values():
                     pending.retried = True  # a batch that hangs is not worth running twice
                 running.deadline = float("inf")  # killed once; worker_lost answers the rest
-                actions.append(KillWorker(worker, f"batch ran past response_timeout "
+                what = "a step" if running.mv.settings.continuous_batching else "batch"
+                actions.append(KillWorker(worker, f"{what} ran past response_timeout "
                                                   f"({running.mv.settings.response_timeout} s)"))
         for mv in self.registry.all_versions():
             if self.leases.recalling and self.leases.just_recalled(mv, now):
@@ -691,6 +705,24 @@ class Scheduler:
                                  or advice.batch_size)
         if advice.max_batch_delay_ms is not None:
             mv.batcher.max_batch_delay = advice.max_batch_delay_ms / 1000.0
+
+
+def step_deadline(mv: ModelVersion, now: float) -> float:
+    """When a continuous worker last heard from at ``now`` has hung: its step has run past
+    response_timeout (a worker says STEPPED only every STEP_REPORT_INTERVAL, so a step began
+    at most that long after its last word)."""
+    return now + mv.settings.response_timeout + protocol.STEP_REPORT_INTERVAL
+
+
+def died_running(pending: Pending) -> WorkerDied:
+    """The error of a request whose worker died under it. One that had streamed parts is
+    never run again: its client would get those parts twice (a generation replayed from its
+    start), so its stream ends with this error instead."""
+    if pending.last_part is None:
+        return WorkerDied()
+    return WorkerDied("Worker died after this request had streamed part of its answer; it is "
+                      "not run again, since its client would get those parts twice. Send the "
+                      "request again for a whole answer.")
 
 
 def observe_waits(vm: VersionMetrics, batch: list[Pending], now: float) -> None:

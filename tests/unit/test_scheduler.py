@@ -352,9 +352,46 @@ def test_continuous_batching_stops_a_generation_past_its_own_deadline() -> None:
     assert kinds(actions) == ["CancelRunning", "Refuse", "SendBatch"]
     assert actions[0].rid == b"a" and actions[1].error.http_status == 504
     assert [p.rid for p in actions[2].requests] == [b"c"]
-    # left: the step deadline (response_timeout), no generation deadline
+    # left: the step deadline (response_timeout from the worker's last word), no generation
+    # deadline
     assert s.running_requests(mv) == 2
-    assert s.next_wakeup(float("inf")) == 2.1 + mv.settings.response_timeout
+    assert s.next_wakeup(float("inf")) == (1.0 + mv.settings.response_timeout
+                                           + protocol.STEP_REPORT_INTERVAL)
+
+
+def continuous(workers: int = 1, **api) -> tuple[Scheduler, ModelVersion]:
+    s, mv = setup(workers=workers, settings=Settings(), **api)
+    mv.settings = dataclasses.replace(mv.settings, continuous_batching=True)
+    return s, mv
+
+
+def test_a_request_that_streamed_a_part_is_not_run_again_when_its_worker_dies() -> None:
+    s, mv = continuous(workers=2, batch_size=4)
+    [send] = s.submit(FRONTEND, route(b"streamed", 0.0), [], now=0.0)
+    s.submit(FRONTEND, route(b"silent", 0.0), [], now=0.0)
+    dead = send.worker
+    assert s.progress(dead, b"streamed", now=0.5) == FRONTEND  # its client has a part
+    del mv.workers[dead.id]
+    actions = s.worker_lost(dead, now=1.0)
+    assert kinds(actions) == ["Refuse", "SendBatch"]
+    assert actions[0].rid == b"streamed" and actions[0].error.http_status == 500
+    assert "streamed part of its answer; it is not run again" in actions[0].error.message
+    assert [p.rid for p in actions[1].requests] == [b"silent"]  # sent nothing: it moves
+    assert actions[1].worker is not dead
+
+
+def test_a_continuous_workers_steps_not_its_answers_keep_it_alive() -> None:
+    s, mv = continuous(batch_size=4, response_timeout=2)
+    slack = protocol.STEP_REPORT_INTERVAL
+    [send] = s.submit(FRONTEND, route(b"long", 0.0), [], now=0.0)  # not streamed: no parts
+    for now in (1.0, 2.0, 3.0, 4.0):  # a generation longer than response_timeout
+        s.stepped(send.worker, now)
+        assert s.tick(now=now + 0.1) == []
+    assert s.next_wakeup(float("inf")) == 4.0 + 2 + slack
+    s.submit(FRONTEND, route(b"joins", 4.5), [], now=4.5)  # a join is no sign of a step
+    assert s.next_wakeup(float("inf")) == 4.0 + 2 + slack
+    [kill] = s.tick(now=4.0 + 2 + slack + 0.01)  # a step that hangs is still killed
+    assert isinstance(kill, KillWorker) and "a step ran past response_timeout" in kill.reason
 
 
 def test_a_batch_model_keeps_the_deadline_for_the_queue_alone() -> None:
