@@ -10,7 +10,14 @@ sentence-transformers does. A sentence-transformers folder's own files choose th
 ``pooling``, ``normalize`` and ``max_length`` override them.
 
 Input per request: a text body (``str`` or bytes), a JSON string, or JSON ``{"text": "..."}``.
-A request without usable text fails alone with 400.
+A request without usable text fails alone with 400, whatever its bytes hold (JSON nested
+too deeply to parse included).
+
+The texts of a batch are tokenised without padding, ordered by length and run in passes of at
+most ``max_batch_tokens`` padded tokens (model-config.yaml ``handler:``, default 8192), so a
+short text never pays for a long one's padding and one pass's memory is bounded whatever the
+batch holds. How many texts one request may carry is the codec's bound
+(``mservd/codecs/openai.py``: the KServe V1 cap).
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from transformers.utils import logging as transformers_logging
 from handlers import BaseHandler, RequestError
 
 DEFAULT_MAX_LENGTH = 512
+DEFAULT_MAX_BATCH_TOKENS = 8192  # padded tokens of one forward pass
+PADDING_SLACK = 16  # tokens of padding any text may carry, however short
 
 
 class TextEmbedder(BaseHandler):
@@ -49,6 +58,12 @@ class TextEmbedder(BaseHandler):
         if self.pooling not in ("mean", "cls"):
             raise ValueError(f"handler.pooling must be 'mean' or 'cls', got {self.pooling!r}")
         self.normalize = bool(handler_config.get("normalize", found["normalize"]))
+        self.max_batch_tokens = int(handler_config.get("max_batch_tokens",
+                                                       DEFAULT_MAX_BATCH_TOKENS))
+        if self.max_batch_tokens < self.max_length:
+            raise ValueError(f"handler.max_batch_tokens ({self.max_batch_tokens}) must be at "
+                             f"least handler.max_length ({self.max_length}): one text must fit "
+                             "in a pass.")
         # A progress bar per worker start is noise in the worker log.
         transformers_logging.disable_progress_bar()
         self.context = context
@@ -58,7 +73,8 @@ class TextEmbedder(BaseHandler):
         self.model.to(self.device).eval()
         self.initialized = True
 
-    def preprocess(self, data: list[dict[str, Any]]) -> dict[str, Any]:
+    def preprocess(self, data: list[dict[str, Any]]) -> list[list[int]]:
+        """Each usable text's token ids (truncated to ``max_length``, no padding)."""
         texts: list[str] = []
         # Per batch: the row of each request in the tensors, or why it has none.
         self._slots: list[int | str] = []
@@ -70,33 +86,52 @@ class TextEmbedder(BaseHandler):
                 self._slots.append(len(texts))
                 texts.append(text)
         if not texts:
-            return {}
-        encoded = self.tokenizer(
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=self.max_length,
-            return_tensors="pt",
-        )
-        return {key: tensor.to(self.device) for key, tensor in encoded.items()}
+            return []
+        return self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
 
-    def inference(self, data: dict[str, Any], *args: Any, **kwargs: Any) -> torch.Tensor:
-        if not data:
-            return torch.empty((0, self.model.config.hidden_size))
+    def inference(self, data: list[list[int]], *args: Any, **kwargs: Any) -> torch.Tensor:
+        """One vector per text, from passes over texts of similar length."""
+        vectors = torch.empty((len(data), self.model.config.hidden_size))
+        for rows in passes([len(ids) for ids in data], self.max_batch_tokens):
+            encoded = self.tokenizer.pad({"input_ids": [data[i] for i in rows]},
+                                         return_tensors="pt")
+            encoded = {key: tensor.to(self.device) for key, tensor in encoded.items()}
+            vectors[rows] = self.embed(encoded).float().cpu()
+        return vectors
+
+    def embed(self, encoded: dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.inference_mode():
-            tokens = self.model(**data).last_hidden_state
+            tokens = self.model(**encoded).last_hidden_state
             if self.pooling == "cls":
                 pooled = tokens[:, 0]
             else:
-                mask = data["attention_mask"].unsqueeze(-1).to(tokens.dtype)
+                mask = encoded["attention_mask"].unsqueeze(-1).to(tokens.dtype)
                 pooled = (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
             return F.normalize(pooled, p=2, dim=1) if self.normalize else pooled
 
     def postprocess(self, data: torch.Tensor) -> list[Any]:
-        rows = data.cpu().tolist()
+        rows = data.tolist()
         return [
             rows[slot] if isinstance(slot, int) else RequestError(400, slot) for slot in self._slots
         ]
+
+
+def passes(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """The indices of ``lengths`` in groups run together: by length, longest first; a text
+    joins a group while the group still fits in ``max_tokens`` once padded to its longest and
+    that longest is at most about twice the text's own length (so padding at most doubles a
+    text's cost); one text at the least."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    groups: list[list[int]] = []
+    for index in order:
+        if groups:
+            longest = lengths[groups[-1][0]]
+            if (longest * (len(groups[-1]) + 1) <= max_tokens
+                    and longest <= 2 * lengths[index] + PADDING_SLACK):
+                groups[-1].append(index)
+                continue
+        groups.append([index])
+    return groups
 
 
 def _sentence_transformers_settings(model_dir: str) -> dict[str, Any]:
@@ -137,6 +172,8 @@ def _text_of(request: dict[str, Any]) -> tuple[str | None, str]:
         if stripped.startswith(("{", '"')):
             try:
                 value = json.loads(stripped)
+            except RecursionError:
+                return None, "the JSON body is nested too deeply to parse"
             except ValueError:
                 pass
     if isinstance(value, dict):
