@@ -32,10 +32,14 @@ class Codec(Protocol):
 
 class WholeParts:
     """A streamed part is encoded like a whole answer (TorchServe's way: each part is a body
-    of its own, the client joins them)."""
+    of its own, the client joins them). An empty text carries nothing and is not sent: a
+    generation step that added no text (half of a character, a request still being read)
+    must not begin the answer, whose status may yet be an error."""
 
     def encode_part(self, call: Call, item: Any, context: Any,
                     limit: int) -> tuple[bytes, bytes] | None:
+        if isinstance(item, str) and not item:
+            return None
         return self.encode(call, [item], context, limit)  # type: ignore[attr-defined]
 
 

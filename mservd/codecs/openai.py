@@ -19,6 +19,7 @@ from typing import Any
 
 from mservd import protocol
 from mservd.codecs.base import Call, too_large
+from mservd.codecs.kserve_v1 import MIN_INSTANCES_CAP
 
 SSE = "text/event-stream"
 SSE_HEADERS = {"Cache-Control": "no-cache"}
@@ -76,6 +77,11 @@ class OpenAICodec:
             if not isinstance(texts, list) or not texts or not all(
                     isinstance(t, str) for t in texts):
                 raise OpenAIError('"input" must be a string or a list of strings.')
+            cap = max(context.system_properties.get("batch_size") or 1, MIN_INSTANCES_CAP)
+            if len(texts) > cap:  # each text is a row of the handler's batch
+                raise OpenAIError(f'"input" has {len(texts)} texts; a request may carry at '
+                                  f"most {cap} (the model's batch size, or {MIN_INSTANCES_CAP} "
+                                  "if that is smaller). Split it into several requests.")
             return Call([{"body": text} for text in texts], state=exchange)
         fields = ("messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop",
                   "ignore_eos")
@@ -94,7 +100,7 @@ class OpenAICodec:
         if not exchange.stream:
             exchange.text.append(text)
             return None
-        if not text and exchange.started:
+        if not text:  # nothing yet: the answer, whose status may yet be an error, waits
             return None
         body = event(self._chunk(exchange, text, None))
         exchange.started = True
