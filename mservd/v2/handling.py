@@ -111,7 +111,7 @@ def _check_inputs(request: InferRequest, meta: ModelMetadata) -> None:
                           f"expects {spec.datatype}.")
         if not spec.accepts_shape(tensor.shape):
             raise V2Error(f"Input {tensor.name!r} has shape {tensor.shape}, the model expects "
-                          f"{spec.shape} (-1: any size).")
+                          f"{spec.shape}{' (-1: any size)' if -1 in spec.shape else ''}.")
     missing = set(declared) - {t.name for t in request.inputs}
     if missing:
         raise V2Error(f"Inputs {', '.join(sorted(missing))} are missing from the request.")

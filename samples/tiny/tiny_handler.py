@@ -43,6 +43,8 @@ class TinyHandler(BaseHandler):
                     value = json.loads(value)
                 except ValueError as exc:  # UnicodeDecodeError too
                     problem = f"a body that is not JSON ({exc})"
+                except RecursionError:  # "[[[[..." deeper than the parser goes
+                    problem = "JSON nested too deeply to parse"
             problem = problem or _shape_problem(value)
             if problem is None:
                 self._slots.append(len(rows))

@@ -20,7 +20,7 @@ V2_TENSORS = {
                [{"name": "output0", "datatype": "FP32", "shape": [1, 384]}]),
     "resnet18": ([{"name": "INPUT0", "datatype": "BYTES", "shape": [1]}],
                  [{"name": "output0", "datatype": "BYTES", "shape": [1]}]),
-    "tiny": ([{"name": "INPUT0", "datatype": "FP32", "shape": [1, -1]}],
+    "tiny": ([{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64]}],
              [{"name": "output0", "datatype": "FP32", "shape": [1, 10]}]),
 }
 
