@@ -2,9 +2,11 @@
 
 This module owns :class:`BatchedHandler`, the base of the built-in handlers: each request is
 decoded on its own (:meth:`~BatchedHandler.decode_request`), a request that cannot be decoded
-gets a :class:`~handlers.errors.RequestError` at its position, the good ones are collated into
-one batch and run through the model once, and the results are merged back in request order,
-so ``len(outputs) == len(data)`` always holds.
+gets a :class:`~handlers.errors.RequestError` at its position (whatever its decoding raised:
+a ``PredictionException`` keeps its status, anything else is a 500 naming it), the good ones
+are collated into one batch and run through the model once per group, and the results are
+merged back in request order, so ``len(outputs) == len(data)`` always holds. A group whose
+collating or inference fails fails its own requests; the other groups are answered.
 
 A subclass written for TorchServe that overrides ``preprocess`` keeps TorchServe's whole-batch
 behaviour: its ``preprocess`` sees every request, and an exception fails the batch.
@@ -69,20 +71,32 @@ class BatchedHandler(BaseHandler):
         for idx, row in enumerate(data):
             try:
                 value = self.decode_request(row)
-            except PredictionException as exc:
+                key = self.group_key(value)
+            except Exception as exc:  # this request's content: it fails alone
                 logger.info(
                     "Request %s of model %s failed to decode: %s",
                     context.get_request_id(idx),
                     context.model_name,
-                    exc.message,
+                    exc.message if isinstance(exc, PredictionException) else repr(exc),
+                    exc_info=None if isinstance(exc, PredictionException) else exc,
                 )
                 outputs[idx] = RequestError.from_exception(exc)
                 continue
-            groups.setdefault(self.group_key(value), []).append((idx, value))
+            groups.setdefault(key, []).append((idx, value))
 
         for members in groups.values():
             positions = [idx for idx, _ in members]
-            results = self.postprocess(self.inference(self.collate([v for _, v in members])))
+            try:
+                results = self.postprocess(
+                    self.inference(self.collate([v for _, v in members])))
+            except Exception as exc:  # this group's requests fail; the other groups go on
+                if len(groups) == 1:
+                    raise
+                logger.error("A group of %d requests of model %s failed: %s", len(members),
+                             context.model_name, exc, exc_info=exc)
+                for idx in positions:
+                    outputs[idx] = RequestError.from_exception(exc)
+                continue
             if len(results) != len(positions):
                 raise PredictionException(
                     f"{type(self).__name__}.postprocess returned {len(results)} items for "
