@@ -627,6 +627,17 @@ class Settings:
             _at_least(1),
         ),
     )
+    max_sequences_per_client: int = field(
+        default=0,
+        metadata=_meta(
+            "max_sequences_per_client",
+            "Most sequences of one stateful model version (sequenceBatching) one client (its "
+            "address: an IPv4 address, an IPv6 /64) may hold open; past it a new sequence is "
+            "refused 503. 0: half of the version's maxNumSequence, rounded up, so that no "
+            "one client fills it.",
+            _at_least(0),
+        ),
+    )
     frontend_keepalive: float = field(
         default=5.0,
         metadata=_meta(

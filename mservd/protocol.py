@@ -38,13 +38,15 @@ to it and forwarded as the same bytes::
                                                        where delivered)
 
     route = [rid, model, version or None, token or None, timeout_ms or None, explain, sent,
-             inputs, sequence or None, ends_sequence]
+             inputs, sequence or None, ends_sequence, client or None]
             (sent: the frontend's time.monotonic() when it sent the request; CLOCK_MONOTONIC
             is one clock for every process on the host, so the controller sees the transit;
             inputs: how many payload frames follow the meta, so the controller finds the next
             request of the message without reading the meta; sequence and ends_sequence:
             the client's ts_request_sequence_id and ts_request_sequence_end headers, read
-            here once, for a stateful model's sequences)
+            here once, for a stateful model's sequences; client: who sent it, as its
+            frontend names it (an IPv4 address, an IPv6 /64), which a stateful model's
+            sequence is bound to; absent from a 10-item route)
     meta  = [codec, [[name, content_type], ...], {header: value}]
     job   = [rid, kind, fid] or [rid, kind, fid, {header: value}]
                                (the request's id, what it asks of the handler: PREDICTION,
@@ -189,6 +191,7 @@ class Route:
     inputs: int = 0  # payload frames after the meta header
     sequence: str | None = None  # ts_request_sequence_id: a stateful model's sequence
     ends_sequence: bool = False  # ts_request_sequence_end: the sequence's last request
+    client: str | None = None  # who sent it (its address), where its frontend says
 
 
 # TorchServe's headers of a stateful model's sequences (mservd/sequences.py)
@@ -206,15 +209,17 @@ def says_yes(value: str | None) -> bool:
 def prediction(rid: bytes, model: str, version: str | None, token: str | None, codec: str,
                inputs: Sequence[tuple[str, str]], headers: dict[str, str],
                payloads: Sequence[bytes], *, explain: bool = False,
-               timeout_ms: float | None = None, sent: float | None = None) -> list[bytes]:
+               timeout_ms: float | None = None, sent: float | None = None,
+               client: str | None = None) -> list[bytes]:
     """The PREDICT message of one request, whichever frontend and protocol it came by.
 
     ``inputs`` are (name, content type) pairs, one per payload; ``headers`` are what the
-    handler may read (never the token), under lower-case names.
+    handler may read (never the token), under lower-case names; ``client`` who sent it (its
+    address: a stateful model's sequence takes requests only from the client that opened it).
     """
     route = packb([rid, model, version, token, timeout_ms, explain,
                    time.monotonic() if sent is None else sent, len(payloads),
-                   headers.get(SEQUENCE_ID), says_yes(headers.get(SEQUENCE_END))])
+                   headers.get(SEQUENCE_ID), says_yes(headers.get(SEQUENCE_END)), client])
     return [PREDICT, route, packb([codec, list(inputs), headers]), *payloads]
 
 
@@ -244,9 +249,10 @@ def parse_predictions(frames: Sequence[bytes]) -> Iterator[tuple[Route, list[byt
 
 def parse_route(frame: bytes) -> Route:
     fields = unpackb(frame)
-    if not isinstance(fields, list) or len(fields) != 10:
-        raise ProtocolError("route header must be a 10-item array")
-    rid, model, version, token, timeout_ms, explain, sent, inputs, sequence, ends = fields
+    if not isinstance(fields, list) or len(fields) not in (10, 11):
+        raise ProtocolError("route header must be a 10-item array (11 with the client)")
+    rid, model, version, token, timeout_ms, explain, sent, inputs, sequence, ends = fields[:10]
+    client = fields[10] if len(fields) == 11 else None
     if not isinstance(rid, bytes) or not isinstance(model, str):
         raise ProtocolError("route header has a bad request id or model name")
     if version is not None and not isinstance(version, str):
@@ -261,8 +267,10 @@ def parse_route(frame: bytes) -> Route:
         raise ProtocolError("route header has a bad input count")
     if sequence is not None and not isinstance(sequence, str):
         raise ProtocolError("route header has a bad sequence id")
+    if client is not None and not isinstance(client, str):
+        raise ProtocolError("route header has a bad client")
     return Route(rid, model, version, token, timeout_ms, bool(explain), sent, inputs, sequence,
-                 bool(ends))
+                 bool(ends), client)
 
 
 # -- BATCH: the controller hands a worker requests ------------------------------------------
@@ -270,9 +278,11 @@ def parse_route(frame: bytes) -> Route:
 # What a job asks of its handler. The worker marks the last two with the header TorchServe's
 # handlers read; only the server sets those: a client's own is dropped, or one request could
 # turn its batch-mates' predictions into explanations, or fail them with a describe document.
+# So is a client's own ts_request_sequence_start: only the server opens a sequence (a client's
+# would make a stateful handler reset the state of a sequence that goes on).
 PREDICTION, EXPLANATION, DESCRIPTION = 0, 1, 2
 KIND_MARKS = {EXPLANATION: "explain", DESCRIPTION: "describe"}
-_MARKS = frozenset(KIND_MARKS.values())
+_MARKS = frozenset([*KIND_MARKS.values(), SEQUENCE_START])
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,8 +301,9 @@ class Request:
     server_headers: dict[str, str] | None = None  # set by the controller, over the client's
 
     def handler_headers(self) -> dict[str, str]:
-        """The headers its handler sees: the client's, without a mark only the server sets,
-        and the mark of the job's kind and the server's own headers (a sequence's id)."""
+        """The headers its handler sees: the client's, without a mark only the server sets
+        (a kind's, a sequence's start), and the mark of the job's kind and the server's own
+        headers (a sequence's id, and its start when the server opened it)."""
         headers = self.headers
         if any(name.lower() in _MARKS for name in headers):
             headers = {k: v for k, v in headers.items() if k.lower() not in _MARKS}

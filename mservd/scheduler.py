@@ -61,7 +61,8 @@ class Pending:
     """A queued or running request: who asked, its frames, and its clock."""
 
     __slots__ = ("rid", "fid", "frames", "arrived", "deadline", "ends_by", "kind",
-                 "retried", "last_part", "sequence", "ends_sequence", "server_headers")
+                 "retried", "last_part", "sequence", "ends_sequence", "server_headers",
+                 "client")
 
     def __init__(self, rid: bytes, fid: bytes, frames: list[bytes], arrived: float,
                  deadline: float, kind: int = PREDICTION) -> None:
@@ -79,6 +80,7 @@ class Pending:
         self.sequence: str | None = None  # a stateful model's sequence (sequences.py) ...
         self.ends_sequence = False  # ... which this request ends
         self.server_headers: dict[str, str] | None = None  # headers the worker adds: its id
+        self.client: str | None = None  # who sent it: the owner of a sequence it opens
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +178,7 @@ class Scheduler:
                 # and gRPC alike)
                 pending.sequence = route.sequence or None
                 pending.ends_sequence = route.ends_sequence
+                pending.client = route.client
                 if pending.sequence is not None and len(pending.sequence) > 256:
                     raise BadRequest("The ts_request_sequence_id header must have at most 256 "
                                      "characters.")
@@ -183,7 +186,8 @@ class Scheduler:
                     # a handler names the sequences it ends in one header, ';' between them:
                     # one id with ';' in it could end other clients' sequences
                     raise BadRequest("The ts_request_sequence_id header must not contain ';'.")
-                added = mv.batcher.add_to_sequence(pending, now)
+                added = mv.batcher.add_to_sequence(pending, now,
+                                                   self.settings.max_sequences_per_client)
             else:
                 added = mv.batcher.add(pending)
             if not added:

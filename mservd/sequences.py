@@ -29,6 +29,14 @@ As in TorchServe:
   the one before it still streams (so that a client can, say, cancel it), and the handler
   may end sequences itself: ``ts_request_sequence_end`` in an answer's headers names them
   (``;`` between ids), and each closes once nothing of it is queued or running;
+* a sequence is its opener's (beyond TorchServe, which lets any holder of the inference key go
+  on with any id): it takes requests only from the client that opened it, the client's
+  address as its frontend saw it (an IPv4 address, an IPv6 /64), and one client holds at most
+  ``max_sequences_per_client`` sequences of a version (by default half its maxNumSequence),
+  so one client cannot fill ``maxNumSequence`` for everyone; the ``ts_request_sequence_start``
+  header is the server's alone (``protocol.Request.handler_headers`` drops a client's own). A
+  request whose frontend did not say who sent it opens a sequence that anyone may go on with,
+  and counts against no client;
 * each worker holds up to its share of ``maxNumSequence`` (rounded up; which is at least
   ``batchSize`` × ``maxWorkers``, ``config.py``): a new sequence goes to the first idle worker
   with room (new ones waiting together are shared out), and stays there. A worker that dies
@@ -44,7 +52,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Collection
 from typing import Generic, Protocol, TypeVar
 
-from mservd.errors import SequenceRefused
+from mservd.errors import MservdError, SequenceRefused
 from mservd.protocol import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START
 
 
@@ -55,6 +63,15 @@ class Sequenced(Protocol):
     sequence: str | None
     ends_sequence: bool
     server_headers: dict[str, str] | None
+    client: str | None  # who sent it (its address), None where its frontend did not say
+
+
+class SequenceForbidden(MservdError):
+    """A request names a sequence another client opened: a sequence id is no bearer token that
+    any holder of the (shared) inference key may use."""
+
+    http_status = 403
+    type = "ForbiddenException"
 
 
 T = TypeVar("T", bound=Sequenced)
@@ -74,10 +91,11 @@ def ended_by(headers: object) -> list[str]:
 class Sequence(Generic[T]):
     """One open sequence: its queued requests and the worker it is pinned to."""
 
-    __slots__ = ("id", "queue", "worker", "running", "opened", "idle_since", "ending")
+    __slots__ = ("id", "owner", "queue", "worker", "running", "opened", "idle_since", "ending")
 
-    def __init__(self, sequence_id: str, now: float) -> None:
+    def __init__(self, sequence_id: str, now: float, owner: str | None) -> None:
         self.id = sequence_id
+        self.owner = owner  # the client that opened it (None: unknown, anyone may go on)
         self.queue: deque[T] = deque()
         self.worker: str | None = None  # the worker its handler state lives in
         self.running = 0  # its requests in a worker now (more than one only continuously)
@@ -113,6 +131,7 @@ class SequenceQueue(Generic[T]):
         self._ends: list[tuple[float, str]] = []  # heap: when each one's lifetime ends
         self._held: Counter[str] = Counter()  # by worker: the sequences pinned to it ...
         self._idle_on: Counter[str] = Counter()  # ... and of those, the idle ones
+        self._by_client: Counter[str] = Counter()  # the open sequences each client opened
         self._questions: deque[T] = deque()  # describe calls' questions: in no sequence
         self._queued = 0
         self._clock = 0.0  # the latest time a caller gave: for a removal that gives none
@@ -144,10 +163,11 @@ class SequenceQueue(Generic[T]):
         self._queued += 1
         return True
 
-    def add_to_sequence(self, item: T, now: float) -> bool:
+    def add_to_sequence(self, item: T, now: float, per_client: int = 0) -> bool:
         """Queue ``item`` in its sequence, opening it if need be; False when the version's
-        whole queue is full (job_queue_size). Raises SequenceRefused past maxNumSequence or
-        past the sequence's own queue."""
+        whole queue is full (job_queue_size). Raises SequenceRefused past maxNumSequence,
+        past ``per_client`` sequences of its client (0: half of maxNumSequence) or past the
+        sequence's own queue, and SequenceForbidden for another client's sequence."""
         if self._queued >= self.capacity:
             return False
         self._clock = max(self._clock, now)
@@ -168,7 +188,13 @@ class SequenceQueue(Generic[T]):
                     f"allows (maxNumSequence); sequence {item.sequence} cannot start. Retry "
                     "when one ends (ts_request_sequence_end) or has been idle for "
                     "sequenceMaxIdleMSec.")
-            sequence = self._open(item.sequence, now)
+            self._check_client_room(item.client, per_client, now)
+            sequence = self._open(item.sequence, now, item.client)
+        elif sequence.owner is not None and sequence.owner != item.client:
+            raise SequenceForbidden(
+                f"Sequence {sequence.id} of {self.what[0].lower()}{self.what[1:]} was opened "
+                "by another client, and takes requests only from it. Send a request without "
+                "ts_request_sequence_id to open a sequence of your own.")
         if len(sequence.queue) >= self.sequence_capacity:
             raise SequenceRefused(
                 f"Sequence {sequence.id} of {self.what[0].lower()}{self.what[1:]} has "
@@ -189,7 +215,7 @@ class SequenceQueue(Generic[T]):
             return
         sequence = self._sequences.get(item.sequence)
         if sequence is None:
-            sequence = self._open(item.sequence, item.arrived)
+            sequence = self._open(item.sequence, item.arrived, item.client)
         self._queue(sequence, item, first=True)
 
     # -- batches ------------------------------------------------------------------------
@@ -328,7 +354,7 @@ class SequenceQueue(Generic[T]):
     def drain(self) -> list[T]:
         items = [*self._questions, *(item for s in self._pending.values() for item in s.queue)]
         for index in (self._sequences, self._pending, self._idle, self._held, self._idle_on,
-                      self._questions):
+                      self._by_client, self._questions):
             index.clear()
         self._ends = []
         self._queued = 0
@@ -351,8 +377,27 @@ class SequenceQueue(Generic[T]):
 
     # -- the indexes --------------------------------------------------------------------
 
-    def _open(self, sequence_id: str, now: float) -> Sequence[T]:
-        sequence = self._sequences[sequence_id] = Sequence(sequence_id, now)
+    def _check_client_room(self, client: str | None, per_client: int, now: float) -> None:
+        """Raise SequenceRefused if ``client`` holds as many open sequences as one client may:
+        ``per_client``, or by default half of maxNumSequence (rounded up), so that the
+        sequences one client opens (one per request that names none) cannot fill the version
+        for every other client."""
+        if client is None:
+            return
+        most = per_client or -(-self.max_sequences // 2)
+        if self._by_client[client] >= most:
+            self._close_expired(now)
+        if self._by_client[client] >= most:
+            raise SequenceRefused(
+                f"{self.what} has {self._by_client[client]} sequences open for client "
+                f"{client}, as many as one client may hold (max_sequences_per_client: "
+                f"{most}); end one (ts_request_sequence_end) or let one idle for "
+                "sequenceMaxIdleMSec before opening another.")
+
+    def _open(self, sequence_id: str, now: float, owner: str | None) -> Sequence[T]:
+        sequence = self._sequences[sequence_id] = Sequence(sequence_id, now, owner)
+        if owner is not None:
+            self._by_client[owner] += 1
         if self.lifetime:
             heapq.heappush(self._ends, (now + self.lifetime, sequence_id))
             if len(self._ends) > 2 * len(self._sequences) + 64:  # closed ones' ends, mostly:
@@ -399,6 +444,10 @@ class SequenceQueue(Generic[T]):
         self._pending.pop(sequence.id, None)
         if sequence.worker is not None:
             self._held[sequence.worker] -= 1
+        if sequence.owner is not None:
+            self._by_client[sequence.owner] -= 1
+            if not self._by_client[sequence.owner]:  # a client's count goes with its last one
+                del self._by_client[sequence.owner]
 
     # -- closing ------------------------------------------------------------------------
 

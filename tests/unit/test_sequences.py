@@ -400,3 +400,57 @@ def test_sequences_opened_and_ended_quickly_leave_no_lifetimes_behind() -> None:
         s.finished(mv.workers["9000"], ok(b"r%d" % i), now=i / 1000 + 0.0005)
     assert mv.batcher.open_count(1.0) == 0
     assert len(mv.batcher._ends) <= 2 * 1 + 64 + 1
+
+
+def test_a_sequence_takes_requests_only_from_the_client_that_opened_it() -> None:
+    s, mv = setup(workers=1)
+    assert sent(submit(s, b"a1", "A", 0.0, client="10.0.0.1")) == [("9000", [b"a1"])]
+    [refused] = submit(s, b"x1", "A", 0.01, client="10.0.0.2")  # knows the id, is not its opener
+    assert isinstance(refused, Refuse) and refused.error.http_status == 403
+    assert refused.error.type == "ForbiddenException"
+    assert "Sequence A of model m version 1.0 was opened by another client" in (
+        refused.error.message)
+    [refused] = submit(s, b"x2", "A", 0.02)  # nor may a request whose frontend names no client
+    assert refused.error.http_status == 403
+    assert submit(s, b"a2", "A", 0.03, client="10.0.0.1") == []  # its opener's: queued
+    assert sent(s.finished(mv.workers["9000"], ok(b"a1"), now=0.04)) == [("9000", [b"a2"])]
+
+
+def test_a_sequence_whose_frontend_named_no_client_is_anyones() -> None:
+    s, mv = setup(workers=1)
+    submit(s, b"a1", "A", 0.0)
+    assert submit(s, b"a2", "A", 0.01, client="10.0.0.2") == []
+
+
+def test_one_client_holds_at_most_half_of_max_num_sequence_by_default() -> None:
+    s, mv = setup(workers=1, maxNumSequence=4, sequenceMaxIdleMSec=500, **ONE_AT_A_TIME)
+    for rid in (b"a", b"b"):  # requests that name no sequence: each opens one
+        assert not any(isinstance(a, Refuse) for a in submit(s, rid, None, 0.0,
+                                                              client="10.0.0.1"))
+    [refused] = submit(s, b"c", "C", 0.1, client="10.0.0.1")
+    assert isinstance(refused, Refuse) and refused.error.http_status == 503
+    assert ("has 2 sequences open for client 10.0.0.1, as many as one client may hold "
+            "(max_sequences_per_client: 2)") in refused.error.message
+    assert submit(s, b"d", "D", 0.1, client="10.0.0.2") == []  # another client still opens
+    assert mv.batcher.open_count(0.1) == 3
+    s.finished(mv.workers["9000"], ok(b"a"), now=0.2)  # a's sequence idles out by 0.7
+    assert submit(s, b"c2", "C", 0.75, client="10.0.0.1") == []
+
+
+def test_max_sequences_per_client_sets_how_many_one_client_holds() -> None:
+    s, mv = setup(workers=1, settings=Settings(max_sequences_per_client=1), maxNumSequence=4,
+                  **ONE_AT_A_TIME)
+    submit(s, b"a", "A", 0.0, client="10.0.0.1")
+    [refused] = submit(s, b"b", "B", 0.0, client="10.0.0.1")
+    assert "(max_sequences_per_client: 1)" in refused.error.message
+    assert submit(s, b"a2", "A", 0.0, client="10.0.0.1") == []  # its open one goes on
+
+
+def test_a_clients_own_sequence_start_header_never_reaches_the_handler() -> None:
+    request = protocol.Request(b"r", protocol.CODEC_TORCHSERVE, [], {
+        "ts_request_sequence_id": "A", "TS_Request_Sequence_Start": "true"}, [],
+        server_headers={"ts_request_sequence_id": "A"})
+    assert request.handler_headers() == {"ts_request_sequence_id": "A"}
+    opened = protocol.Request(b"r", protocol.CODEC_TORCHSERVE, [], {}, [], server_headers={
+        "ts_request_sequence_id": "ts-seq-1", "ts_request_sequence_start": "true"})
+    assert opened.handler_headers()["ts_request_sequence_start"] == "true"  # the server's
