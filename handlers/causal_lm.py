@@ -17,13 +17,31 @@ one is dropped from it. Greedy output is the tokens ``generate()`` gives for tha
 A request body is JSON: ``{"prompt": "..."}`` or ``{"messages": [{"role", "content"}, ...]}``
 (through the tokenizer's chat template), with ``max_tokens``, ``temperature``, ``top_p``,
 ``seed``, ``stop`` (a string or a list) and ``ignore_eos``; a plain text body is the prompt.
-model-config.yaml ``handler:`` may set ``max_new_tokens`` (the default ``max_tokens``).
+
+What a request sends fails that request alone, never the others of the step: a new request
+is read (parsed, its size checked, templated and tokenised) on a thread of its own while the
+running sequences go on decoding, and joins at the first step after it is read; a body that
+cannot be read, a prompt too long, a failing prefill or a failing sampler answers its own
+requests with an error. Only a failure of the shared decoding step fails the step's
+sequences (and never the worker).
+
+The memory of one step is bounded: a step prefills new prompts together only while their
+padded tokens fit ``prefill_tokens`` (one prompt at the least, so at most
+``max(prefill_tokens, max_prompt_tokens)`` tokens), and the model's logits are kept for each
+sequence's last position alone (``logits_to_keep``), not for every prompt position.
+
+model-config.yaml ``handler:`` may set ``max_new_tokens`` (the default ``max_tokens``),
+``max_prompt_tokens`` (a prompt's tokens; default the model's context),
+``max_prompt_characters`` (a prompt's characters before it is tokenised, or of all its
+messages; default 16 per token of ``max_prompt_tokens``), ``max_messages`` (default 1024) and
+``prefill_tokens`` (default 2048).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +50,10 @@ import torch
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 256
+DEFAULT_PREFILL_TOKENS = 2048  # padded prompt tokens one step may prefill (one prompt at least)
+DEFAULT_MAX_MESSAGES = 1024
+CHARACTERS_PER_TOKEN = 16  # the default character bound, per token of max_prompt_tokens
+READ_WAIT = 0.05  # seconds a step with nothing to decode waits for a request being read
 # Below it sampling is greedy: logits over 1e-40 overflow float32 to inf, and the sampler
 # raises on what softmax makes of them (any temperature this low picks the likeliest token)
 MIN_TEMPERATURE = 1e-4
@@ -75,6 +97,13 @@ class CausalLM:
     class Refused(ValueError):
         """A request the model cannot run (its prompt is longer than the context, a bad field)."""
 
+    class Pending(str):
+        """The output of a request still being read: no text yet, not finished."""
+
+        finish_reason: str | None = None
+        prompt_tokens: int = 0
+        completion_tokens: int = 0
+
     def initialize(self, context: Any) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -91,6 +120,16 @@ class CausalLM:
         handler_config = config.get("handler") or {}
         self.default_max_tokens = int(handler_config.get("max_new_tokens", DEFAULT_MAX_TOKENS))
         self.context_length = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.max_prompt_tokens = min(self.context_length, int(
+            handler_config.get("max_prompt_tokens", self.context_length)))
+        self.max_prompt_characters = int(handler_config.get(
+            "max_prompt_characters", CHARACTERS_PER_TOKEN * self.max_prompt_tokens))
+        self.max_messages = int(handler_config.get("max_messages", DEFAULT_MAX_MESSAGES))
+        self.prefill_tokens = int(handler_config.get("prefill_tokens", DEFAULT_PREFILL_TOKENS))
+        # new requests are read here, so that a long prompt's templating and tokenising
+        # (the tokenizer's Rust code lets go of the GIL) do not hold up the running sequences
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="causal-lm-read")
+        self.reading: dict[str, Future] = {}  # request id -> (sequence, prompt ids), in order
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.pad_id = self.tokenizer.pad_token_id or 0
@@ -109,28 +148,73 @@ class CausalLM:
         return self.run_to_end(data, ids, context)
 
     def step(self, data: list[Any], ids: list[str], context: Any) -> list[Any]:
-        """Prefill the requests seen for the first time (together), then one decoding step for
-        every running sequence (a just-prefilled one too, when others needed the step)."""
+        """Start reading the requests seen for the first time, prefill those read (under the
+        step's token budget), then one decoding step for every running sequence (a
+        just-prefilled one too, when others needed the step)."""
         cache = context.cache
         outputs: dict[str, Any] = {}
-        self.forget(set(self.rows) - set(ids), context)  # gone: finished or cancelled
-        new = [(rid, row) for rid, row in zip(ids, data) if rid not in cache]
-        if new:
-            outputs.update(self.prefill(new, cache))
-        if any(rid not in outputs and cache[rid].finish_reason is None for rid in self.rows):
-            for rid, delta in self.decode(cache).items():
+        self.forget((set(self.rows) | set(self.reading)) - set(ids), context)  # gone
+        for rid, row in zip(ids, data):
+            if rid not in cache and rid not in self.reading:
+                self.reading[rid] = self.reader.submit(self.read, row)
+        if self.reading and not self.decoding(cache):  # nothing else to do: wait for a read
+            wait(self.reading.values(), timeout=READ_WAIT, return_when=FIRST_COMPLETED)
+        joining = self.admit(outputs)
+        if joining:
+            outputs.update(self.prefill(joining, cache))
+        if any(rid not in outputs for rid in self.decoding(cache)):
+            try:
+                decoded = self.decode(cache)
+            except Exception:  # the shared step: its sequences fail, their cache goes
+                self.cache, self.mask, self.rows = None, None, []
+                raise
+            for rid, delta in decoded.items():
                 before = outputs.get(rid)
-                outputs[rid] = (self.TextDelta.make(before + delta, cache[rid]) if before
-                                else delta)
-        for rid in ids:  # finished in an earlier step, still in a static batch
+                outputs[rid] = (self.TextDelta.make(before + delta, cache[rid])
+                                if isinstance(before, self.TextDelta) and before else delta)
+        for rid in ids:  # still being read, or finished in an earlier step of a static batch
             if rid not in outputs:
-                outputs[rid] = self.TextDelta.make("", cache[rid])
-        context.stopping_criteria = [self.stopper(rid, cache) for rid in ids]
+                outputs[rid] = (self.Pending() if rid in self.reading
+                                else self.TextDelta.make("", cache[rid]))
+        context.stopping_criteria = [self.stopper(rid, cache, self.reading) for rid in ids]
         if self.generated:  # the tokens of this step, for /metrics: TorchServe's metrics API,
             # which adds the ModelName dimension itself (its dimensions are Dimension objects)
             context.metrics.add_counter("GeneratedTokens", self.generated)
             self.generated = 0
         return [outputs[rid] for rid in ids]
+
+    def decoding(self, cache: dict[str, Any]) -> list[str]:
+        """The running sequences not yet finished."""
+        return [rid for rid in self.rows if cache[rid].finish_reason is None]
+
+    def admit(self, outputs: dict[str, Any]) -> list[tuple[str, Any, torch.Tensor]]:
+        """The read requests that join this step, in the order they came, while their prompts
+        padded to the longest fit the step's ``prefill_tokens`` (the first always joins); a
+        request that could not be read gets its error in ``outputs``."""
+        joining: list[tuple[str, Any, torch.Tensor]] = []
+        width = 0
+        for rid, future in list(self.reading.items()):
+            if not future.done():
+                break  # in order: a later request does not pass an earlier one
+            try:
+                seq, prompt = future.result()
+            except CausalLM.Refused as exc:
+                outputs[rid] = refusal(str(exc))
+                del self.reading[rid]
+                continue
+            except Exception as exc:  # a tokenizer's or a template's own failure: this one's
+                logger.error("request %s could not be read: %s", rid, exc, exc_info=exc)
+                outputs[rid] = refusal(f"The request could not be read: "
+                                       f"{type(exc).__name__}: {exc}", 500)
+                del self.reading[rid]
+                continue
+            wider = max(width, len(prompt))
+            if joining and wider * (len(joining) + 1) > self.prefill_tokens:
+                break
+            width = wider
+            joining.append((rid, seq, prompt))
+            del self.reading[rid]
+        return joining
 
     def run_to_end(self, data: list[Any], ids: list[str], context: Any) -> list[Any]:
         """The whole batch to its end in this call, each step's deltas streamed as they come."""
@@ -145,31 +229,27 @@ class CausalLM:
         return outputs
 
     @staticmethod
-    def stopper(rid: str, cache: dict[str, Any]):
+    def stopper(rid: str, cache: dict[str, Any], reading: dict[str, Any]):
         def finished(_output: Any) -> bool:
+            if rid in reading:
+                return False
             seq = cache.get(rid)
             return seq is None or seq.finish_reason is not None
         return finished
 
     # -- requests join and leave ---------------------------------------------------------
 
-    def prefill(self, new: list[tuple[str, Any]], cache: dict[str, Any]) -> dict[str, Any]:
-        """Read the new requests and run their prompts through the model together (left-padded
-        to one length), then join them to the shared cache: each one's first token, or its
-        refusal."""
+    def read(self, row: Any) -> tuple[CausalLM.Sequence, torch.Tensor]:
+        """A request's sequence and prompt ids, from its row (on the reading thread)."""
+        return self.sequence(parse_request(row))
+
+    def prefill(self, joining: list[tuple[str, Any, torch.Tensor]],
+                cache: dict[str, Any]) -> dict[str, Any]:
+        """Run the joining prompts through the model together (left-padded to one length),
+        then join them to the shared cache: each one's first token. A failure here is theirs
+        alone: each gets the error, the running sequences go on."""
         from transformers import DynamicCache
 
-        outputs: dict[str, Any] = {}
-        joining = []  # (rid, sequence, prompt ids)
-        for rid, row in new:
-            try:
-                seq, prompt = self.sequence(parse_request(row))
-            except self.Refused as exc:
-                outputs[rid] = refusal(str(exc))
-                continue
-            joining.append((rid, seq, prompt))
-        if not joining:
-            return outputs
         width = max(len(prompt) for _, _, prompt in joining)
         input_ids = torch.full((len(joining), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(joining), width), dtype=torch.long)
@@ -179,14 +259,22 @@ class CausalLM:
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         own = DynamicCache()
-        with torch.inference_mode():
-            logits = self.model(input_ids, attention_mask=mask, position_ids=positions,
-                                past_key_values=own, use_cache=True).logits[:, -1, :]
+        try:
+            with torch.inference_mode():
+                logits = self.model(input_ids, attention_mask=mask, position_ids=positions,
+                                    past_key_values=own, use_cache=True,
+                                    logits_to_keep=1).logits[:, -1, :]
+        except Exception as exc:  # out of memory, say: the joining requests fail, alone
+            logger.error("prefill of %d prompts (%d tokens each, padded) failed: %s",
+                         len(joining), width, exc, exc_info=exc)
+            message = f"The prompt could not be prefilled: {type(exc).__name__}: {exc}"
+            return {rid: refusal(message, 500) for rid, _, _ in joining}
         self.join([rid for rid, _, _ in joining], own, mask)
+        outputs: dict[str, Any] = {}
         for i, (rid, seq, prompt) in enumerate(joining):
             seq.position = len(prompt)
             cache[rid] = seq
-            outputs[rid] = self.advance(rid, seq, logits[i])
+            outputs[rid] = self.advance_alone(rid, seq, logits[i])
         return outputs
 
     def sequence(self, request: dict[str, Any]) -> tuple[CausalLM.Sequence, torch.Tensor]:
@@ -196,8 +284,9 @@ class CausalLM:
         """
         try:
             max_tokens = int(request.get("max_tokens") or self.default_max_tokens)
-            temperature = float(request.get("temperature", 0.0) or 0.0)
-            top_p = float(request.get("top_p", 1.0) or 1.0)
+            temperature = float(request.get("temperature") or 0.0)
+            top_p = request.get("top_p")
+            top_p = 1.0 if top_p is None else float(top_p)  # 0 is refused below, not 1.0
             seed = request.get("seed")
             seed = None if seed is None else int(seed)
         except (TypeError, ValueError, OverflowError):
@@ -217,6 +306,10 @@ class CausalLM:
         if not 0.0 < top_p <= 1.0:
             raise CausalLM.Refused(f"top_p must be above 0 and at most 1, got {top_p}.")
         prompt = self.encode_prompt(request)[0]
+        if len(prompt) > self.max_prompt_tokens:
+            raise CausalLM.Refused(
+                f"The prompt has {len(prompt)} tokens; this model takes at most "
+                f"{self.max_prompt_tokens} (handler.max_prompt_tokens).")
         if len(prompt) + max_tokens > self.context_length:
             raise CausalLM.Refused(
                 f"The prompt has {len(prompt)} tokens; with max_tokens {max_tokens} that is "
@@ -242,9 +335,13 @@ class CausalLM:
         self.rows.extend(rids)
 
     def forget(self, gone: set[str], context: Any) -> None:
-        """Drop finished or cancelled sequences from the shared cache and from context.cache."""
+        """Drop finished or cancelled sequences from the shared cache and from context.cache,
+        and requests cancelled while they were being read."""
         for rid in gone:
             context.cache.pop(rid, None)
+            reading = self.reading.pop(rid, None)
+            if reading is not None:
+                reading.cancel()
         if not gone & set(self.rows):
             return
         keep = [i for i, rid in enumerate(self.rows) if rid not in gone]
@@ -271,14 +368,26 @@ class CausalLM:
                                                       device=self.device)], dim=1)
         with torch.inference_mode():
             logits = self.model(tokens, attention_mask=self.mask, position_ids=positions,
-                                past_key_values=self.cache, use_cache=True).logits[:, -1, :]
+                                past_key_values=self.cache, use_cache=True,
+                                logits_to_keep=1).logits[:, -1, :]
         out = {}
         for i, rid in enumerate(rows):
             seq = cache[rid]
             if seq.finish_reason is None:
                 seq.position += 1
-                out[rid] = self.advance(rid, seq, logits[i])
+                out[rid] = self.advance_alone(rid, seq, logits[i])
         return out
+
+    def advance_alone(self, rid: str, seq: CausalLM.Sequence, logits: torch.Tensor) -> Any:
+        """:meth:`advance`, whose failure (a sampler's, a tokenizer's) ends this sequence
+        alone with the error."""
+        try:
+            return self.advance(rid, seq, logits)
+        except Exception as exc:
+            logger.error("request %s: picking its next token failed: %s", rid, exc,
+                         exc_info=exc)
+            seq.finish_reason = "error"
+            return refusal(f"Picking the next token failed: {type(exc).__name__}: {exc}", 500)
 
     def advance(self, rid: str, seq: CausalLM.Sequence,
                 logits: torch.Tensor) -> CausalLM.TextDelta:
@@ -319,12 +428,18 @@ class CausalLM:
         return int(torch.multinomial(probs, 1, generator=seq.generator))
 
     def encode_prompt(self, request: dict[str, Any]) -> torch.Tensor:
+        """The prompt's token ids, its size checked before it is templated or tokenised."""
         messages = request.get("messages")
         if messages is not None:
             if not isinstance(messages, list) or not all(
                     isinstance(m, dict) and isinstance(m.get("content", ""), str)
                     for m in messages):
                 raise CausalLM.Refused('"messages" must be a list of {"role", "content"}.')
+            if len(messages) > self.max_messages:
+                raise CausalLM.Refused(f'"messages" has {len(messages)} messages; this model '
+                                       f"takes at most {self.max_messages} "
+                                       "(handler.max_messages).")
+            self.check_characters(sum(len(m.get("content", "")) for m in messages))
             try:
                 encoded = self.tokenizer.apply_chat_template(
                     messages, add_generation_prompt=True, return_tensors="pt")
@@ -336,8 +451,16 @@ class CausalLM:
             prompt = request.get("prompt")
             if not isinstance(prompt, str) or not prompt:
                 raise CausalLM.Refused('Send a non-empty "prompt" string or "messages".')
+            self.check_characters(len(prompt))
             ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
         return ids
+
+    def check_characters(self, count: int) -> None:
+        if count > self.max_prompt_characters:
+            raise CausalLM.Refused(
+                f"The prompt has {count} characters; this model takes at most "
+                f"{self.max_prompt_characters} (handler.max_prompt_characters), and at most "
+                f"{self.max_prompt_tokens} tokens.")
 
 
 def left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
@@ -359,6 +482,8 @@ def parse_request(row: Any) -> dict[str, Any]:
         text = bytes(body).decode("utf-8", "replace")
         try:
             body = json.loads(text)
+        except RecursionError:  # "[[[[..." deeper than the parser goes: refused, not a prompt
+            raise CausalLM.Refused("The JSON body is nested too deeply to parse.") from None
         except ValueError:
             body = text
     if isinstance(body, str):
@@ -368,10 +493,11 @@ def parse_request(row: Any) -> dict[str, Any]:
     return body
 
 
-def refusal(message: str) -> Any:
+def refusal(message: str, status: int = 400) -> Any:
     """A request's own error: mservd's RequestError, else (on TorchServe) the message."""
     try:
         from handlers.errors import RequestError
     except ImportError:
         return message
-    return RequestError(400, message, "BadRequestException")
+    return RequestError(status, message, "BadRequestException" if status < 500
+                        else "InternalServerException")

@@ -1,0 +1,131 @@
+"""The causal LM handler's step, driven as the continuous loop drives it, on the real SmolLM2
+sample: what one step may cost (logits for the sampled positions only, prefill under its token
+budget) and that what one request sends fails that request alone."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from handlers.causal_lm import CausalLM
+from handlers.errors import RequestError
+from handlers.mock_context import MockContext
+
+ARCHIVE = Path(__file__).resolve().parents[2] / "model_store" / "smollm2.mar"
+
+
+class Counters:
+    def add_counter(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    if not ARCHIVE.exists():
+        pytest.skip("the smollm2 sample is not built (make samples)")
+    folder = tmp_path_factory.mktemp("smollm2")
+    with zipfile.ZipFile(ARCHIVE) as archive:
+        archive.extractall(folder)
+    return folder
+
+
+def handler(model_dir: Path, **settings: Any) -> tuple[CausalLM, MockContext, list[dict]]:
+    """A handler whose model's every forward pass is recorded: input and logits shapes."""
+    context = MockContext(model_dir=str(model_dir))
+    context.model_yaml_config = {"continuousBatching": "true", "handler": settings}
+    context.metrics = Counters()
+    lm = CausalLM()
+    lm.initialize(context)
+    passes: list[dict] = []
+    def record(_module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        tokens = args[0] if args else kwargs["input_ids"]
+        passes.append({"input": tuple(tokens.shape), "logits": tuple(output.logits.shape)})
+
+    lm.model.register_forward_hook(record, with_kwargs=True)
+    return lm, context, passes
+
+
+def run(lm: CausalLM, context: MockContext, rows: list[Any]) -> dict[str, Any]:
+    """Steps until every request ends, as the worker's loop calls them: each request's text,
+    or its error."""
+    live = {f"r{i}": row for i, row in enumerate(rows)}
+    done: dict[str, Any] = {rid: "" for rid in live}
+    for _ in range(500):
+        if not live:
+            return done
+        ids = list(live)
+        context.request_ids = dict(enumerate(ids))
+        outputs = lm.handle([live[rid] for rid in ids], context)
+        for rid, output, stops in zip(ids, outputs, context.stopping_criteria):
+            if isinstance(output, RequestError):
+                done[rid] = output
+            else:
+                done[rid] += str(output)
+            if isinstance(output, RequestError) or stops(output):
+                del live[rid]
+                context.cache.pop(rid, None)
+    raise AssertionError("the requests did not end in 500 steps")
+
+
+def test_logits_are_kept_for_the_last_position_alone(model_dir) -> None:
+    """A 1,001-token prompt made 249 MiB of logits: one row of the vocabulary per position."""
+    lm, context, passes = handler(model_dir)
+    run(lm, context, [{"body": {"prompt": "word " * 300, "max_tokens": 2}}])
+    prefill = passes[0]
+    assert prefill["input"][1] > 300
+    assert prefill["logits"] == (1, 1, lm.model.config.vocab_size)
+
+
+def test_prompts_join_under_the_steps_prefill_budget(model_dir) -> None:
+    lm, context, passes = handler(model_dir, prefill_tokens=40)
+    prompts = [{"body": {"prompt": f"Tell me about number {i} " + "please " * 20,
+                         "max_tokens": 3}} for i in range(3)]
+    answers = run(lm, context, prompts)
+    assert all(isinstance(text, str) and text for text in answers.values())
+    prefills = [p["input"] for p in passes if p["input"][1] > 1]
+    assert [rows for rows, _ in prefills] == [1, 1, 1]  # 27 tokens each: one prompt a step
+    lm, context, passes = handler(model_dir, prefill_tokens=64)
+    run(lm, context, prompts)
+    prefills = [p["input"] for p in passes if p["input"][1] > 1]
+    assert sum(rows for rows, _ in prefills) == 3 and max(rows for rows, _ in prefills) <= 2
+
+
+@pytest.mark.parametrize(("row", "status", "words"), [
+    ({"body": bytearray(b"[" * 50000)}, 400, "nested too deeply"),
+    ({"body": {"prompt": "x" * 200_000}}, 400, "handler.max_prompt_characters"),
+    ({"body": {"prompt": "Hi", "top_p": 0}}, 400, "top_p must be above 0"),
+    ({"body": {"messages": [{"role": "wizard", "content": "Hi"}] * 2}}, None, None),
+], ids=["deep-json", "characters", "top-p-zero", "odd-role"])
+def test_a_request_fails_alone_beside_one_that_generates(model_dir, row, status,
+                                                         words) -> None:
+    lm, context, _ = handler(model_dir)
+    good = {"body": {"prompt": "The capital of France is", "max_tokens": 6}}
+    answers = run(lm, context, [good, row])
+    ids = lm.tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
+    alone = lm.model.generate(ids, max_new_tokens=6, do_sample=False)
+    assert answers["r0"] == lm.tokenizer.decode(alone[0, ids.shape[1]:],
+                                                skip_special_tokens=True)
+    if status is not None:
+        assert isinstance(answers["r1"], RequestError) and answers["r1"].status == status
+        assert words in answers["r1"].message
+
+
+def test_a_failing_sampler_ends_its_sequence_alone(model_dir, monkeypatch) -> None:
+    lm, context, _ = handler(model_dir)
+    pick = CausalLM.pick
+
+    def broken_for_hot(seq, logits):
+        if seq.temperature == 1.5:
+            raise RuntimeError("the sampler broke")
+        return pick(seq, logits)
+
+    monkeypatch.setattr(lm, "pick", broken_for_hot)
+    answers = run(lm, context, [{"body": {"prompt": "Hi", "max_tokens": 5}},
+                                {"body": {"prompt": "Hi", "max_tokens": 5, "temperature": 1.5}}])
+    assert isinstance(answers["r0"], str) and answers["r0"]
+    assert answers["r1"].status == 500 and "the sampler broke" in answers["r1"].message
+    assert torch.is_inference_mode_enabled() is False
