@@ -41,13 +41,17 @@ def short_repr(value: object) -> str:
 
 
 def error_message(body: bytes) -> str:
-    """The message of an error answer: ``{"message": ...}``, v2's ``{"error": ...}``, or text."""
+    """The message of an error answer: ``{"message": ...}``, v2's ``{"error": ...}``, OpenAI's
+    ``{"error": {"message": ...}}``, or text."""
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return body.decode("utf-8", "replace")
     if isinstance(doc, dict):
-        return str(doc.get("message") or doc.get("error") or doc)
+        error = doc.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        return str(doc.get("message") or error or doc)
     return str(doc)
 
 

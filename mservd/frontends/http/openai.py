@@ -32,6 +32,10 @@ from mservd.frontends.http.request import (
 
 ENDPOINTS = {"chat/completions": "chat", "completions": "completion", "embeddings": "embedding"}
 MAX_STOPS = 4
+# Ceilings on what a prompt may be before any worker templates or tokenises it: past any
+# context mservd serves (a model's own, lower bounds are its handler's, checked in the worker)
+MAX_PROMPT_CHARACTERS = 1_000_000
+MAX_MESSAGES = 1024
 
 
 async def answer(routes: Gateway, request: HttpRequest) -> Answer:
@@ -77,12 +81,22 @@ def check(kind: str, body: bytes) -> dict[str, Any]:
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
             raise BadRequest('"messages" is required: a list of {"role", "content"}.')
+        if len(messages) > MAX_MESSAGES:
+            raise BadRequest(f'"messages" has {len(messages)} messages; at most {MAX_MESSAGES} '
+                             "are served.")
+        _characters(sum(len(m["content"]) for m in messages
+                        if isinstance(m.get("content"), str)))
     elif not isinstance(doc.get("prompt"), str):
         raise BadRequest('"prompt" is required and must be a string.')
+    else:
+        _characters(len(doc["prompt"]))
     if doc.get("n", 1) != 1:
         raise BadRequest('Only "n": 1 is served: one choice per request.')
     _number(doc, "temperature", 0.0, 2.0)
     _number(doc, "top_p", 0.0, 1.0)
+    if doc.get("top_p") == 0:  # no token is left to sample from: vLLM refuses it too
+        raise BadRequest('"top_p" must be above 0 and at most 1; 0 leaves no token to sample. '
+                         "For the likeliest token alone, send \"temperature\": 0.")
     for key in ("max_tokens", "max_completion_tokens", "seed"):
         value = doc.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)
@@ -99,6 +113,12 @@ def check(kind: str, body: bytes) -> dict[str, Any]:
     if options is not None and not isinstance(options, dict):
         raise BadRequest('"stream_options" must be an object.')
     return doc
+
+
+def _characters(count: int) -> None:
+    if count > MAX_PROMPT_CHARACTERS:
+        raise BadRequest(f"The prompt has {count} characters; at most {MAX_PROMPT_CHARACTERS} "
+                         "are served (and the model's context is far less).")
 
 
 def _number(doc: dict[str, Any], key: str, low: float, high: float) -> None:
