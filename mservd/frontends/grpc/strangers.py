@@ -8,12 +8,14 @@ asks the controller about a guarded method's token when the call arrives (its me
 first), as the HTTP frontends ask before a body; a refused call gets a handler that never
 reads its message (``AsyncBridge.refusal``: tokens accepted lately are taken without asking,
 and the servicers keep a key holder's fresh with each answer, as the HTTP frontends do). The
-controller still checks each call itself.
+controller still checks each call itself. A call with two ``authorization`` entries, on any
+method, is refused UNAUTHENTICATED: :func:`call_token` is the one reading of a call's key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from typing import Any
 
 import grpc
 
@@ -22,6 +24,23 @@ from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import ControllerGone, bearer_token
 from mservd.frontends.grpc.errors import status_code
 from mservd.frontends.spaced import TooManyQuestions
+
+
+class TwoTokens(ValueError):
+    """A call with more than one ``authorization`` metadata entry: which one counts would
+    depend on who reads it, so none does."""
+
+
+def call_token(metadata: Any) -> str | None:
+    """The key of a call's one ``authorization: Bearer <key>`` metadata entry (None: none).
+
+    :raises TwoTokens: the call has more than one such entry.
+    """
+    entries = [value for key, value in metadata or () if key.lower() == "authorization"]
+    if len(entries) > 1:
+        raise TwoTokens(f"The call has {len(entries)} 'authorization' metadata entries; send "
+                        "exactly one: authorization: Bearer <key>.")
+    return bearer_token(str(entries[0])) if entries else None
 
 
 class RefuseStrangers(grpc.aio.ServerInterceptor):
@@ -36,12 +55,13 @@ class RefuseStrangers(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation: Callable,
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        try:
+            token = call_token(details.invocation_metadata)
+        except TwoTokens as exc:  # any method: the guard and the servicer read one entry
+            return _refusal(await continuation(details), grpc.StatusCode.UNAUTHENTICATED,
+                            str(exc))
         if self.methods is not None and details.method not in self.methods:
             return await continuation(details)
-        token = None
-        for key, value in details.invocation_metadata or ():
-            if key.lower() == "authorization":
-                token = bearer_token(str(value))
         try:
             refused = await self.bridge.refusal(token, self.api)
         except (ControllerGone, TooManyQuestions) as exc:

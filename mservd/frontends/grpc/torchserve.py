@@ -20,7 +20,7 @@ import grpc
 from mservd import protocol
 from mservd.errors import BadRequest, error_message
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.bridge import ControllerGone, bearer_token, request_timeout_ms
+from mservd.frontends.bridge import ControllerGone, request_timeout_ms
 from mservd.frontends.grpc.errors import status_code
 from mservd.frontends.grpc.generated import (
     inference_pb2,
@@ -28,6 +28,8 @@ from mservd.frontends.grpc.generated import (
     management_pb2,
     management_pb2_grpc,
 )
+from mservd.frontends.grpc.strangers import TwoTokens, call_token
+from mservd.frontends.grpc.write_deadline import WriteDeadline
 from mservd.frontends.spaced import TooManyQuestions
 from mservd.protocol import Reply
 
@@ -37,14 +39,15 @@ MANAGE_TIMEOUT = 600.0
 
 
 def metadata_token(context: grpc.aio.ServicerContext, auth: bool) -> str | None:
-    """The key of an ``authorization: Bearer <key>`` metadata entry, as over HTTP (None when
-    the server checks no tokens)."""
+    """The key of the ``authorization: Bearer <key>`` metadata entry, as over HTTP (None when
+    the server checks no tokens). A call with two never gets here (strangers.RefuseStrangers);
+    were one to, it would have no key."""
     if not auth:
         return None
-    for key, value in context.invocation_metadata() or ():
-        if key.lower() == "authorization":
-            return bearer_token(str(value))
-    return None
+    try:
+        return call_token(context.invocation_metadata())
+    except TwoTokens:
+        return None
 
 
 def forwarded_metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -105,6 +108,9 @@ def sequence_of(reply: Reply) -> dict[str, str]:
 
 
 END = object()  # StreamPredictions2: a task that fed its responses is done
+# StreamPredictions2: answers given to grpc but not yet written; past it no request is read
+# (the client's own flow control then holds its requests) and no later part is taken
+PENDING_ANSWERS = 8
 
 
 def failed(status: int, body: bytes, sequence_id: str) -> inference_pb2.PredictionResponse:
@@ -116,11 +122,14 @@ def failed(status: int, body: bytes, sequence_id: str) -> inference_pb2.Predicti
                                     message=error_message(body)))
 
 
-async def _parts(reply: Reply, named: dict[str, str], out: asyncio.Queue) -> None:
-    """A streamed answer's later parts, each as a response of its own; a final answer that
-    failed (a deadline, a worker that died) as a failed request's."""
+async def _parts(reply: Reply, named: dict[str, str], out: asyncio.Queue,
+                 room: asyncio.Semaphore) -> None:
+    """A streamed answer's later parts, each as a response of its own once there is
+    ``room``; a final answer that failed (a deadline, a worker that died) as a failed
+    request's."""
     try:
         async for body in reply.stream:
+            await room.acquire()
             if (reply.final_status or 200) >= 400:
                 out.put_nowait(failed(reply.final_status, body, named.get("sequence_id", "")))
             else:
@@ -132,10 +141,12 @@ async def _parts(reply: Reply, named: dict[str, str], out: asyncio.Queue) -> Non
 
 
 class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
-    def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool) -> None:
+    def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool,
+                 write_timeout: float) -> None:
         self.bridge = bridge
         self.reply_timeout = reply_timeout
         self.auth = auth
+        self.write_timeout = write_timeout  # for each answer of a stream (write_deadline.py)
 
     async def Ping(self, request, context):
         try:  # anyone may ask: spaced (AsyncBridge.ask_open)
@@ -152,14 +163,19 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
         """One response per part a streaming handler sends, the final answer last (TorchServe's
         send_intermediate_predict_response); one response for any other handler."""
         reply = await self._predict(request, context, stream=True)
+        deadline = WriteDeadline(context, "StreamPredictions", self.write_timeout,
+                                 reply.give_up or (lambda: None))
         try:
-            yield inference_pb2.PredictionResponse(prediction=reply.body, **sequence_of(reply))
+            with deadline.writing():
+                yield inference_pb2.PredictionResponse(prediction=reply.body,
+                                                       **sequence_of(reply))
             if reply.stream is not None:
                 async for body in reply.stream:
                     if (reply.final_status or 200) >= 400:  # it failed after it began
                         await context.abort(status_code(reply.final_status),
                                             error_message(body))
-                    yield inference_pb2.PredictionResponse(prediction=body)
+                    with deadline.writing():
+                        yield inference_pb2.PredictionResponse(prediction=body)
         finally:  # the client cancelled mid-stream: the request is dropped
             if reply.give_up is not None:
                 reply.give_up()
@@ -171,10 +187,21 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
         answer, so that with SequenceContinuousBatching it joins its sequence while that one
         still streams (a cancel, say). A request that names no sequence continues the one of
         the stream's first answer (the server opened it for the first request when that named
-        none); one whose input ``ts_request_sequence_end`` is ``true`` ends it."""
+        none); one whose input ``ts_request_sequence_end`` is ``true`` ends it.
+
+        A client that stops reading stops the stream: past ``PENDING_ANSWERS`` answers not yet
+        written no request is read, and an answer not taken within the write deadline ends
+        the call (write_deadline.py)."""
         out: asyncio.Queue = asyncio.Queue()  # responses, an error to raise, or END
-        sender = asyncio.create_task(self._send_in_turn(requests, context, out))
+        room = asyncio.Semaphore(PENDING_ANSWERS)  # taken by a response, freed once written
+        sender = asyncio.create_task(self._send_in_turn(requests, context, out, room))
         streams: set[asyncio.Task] = set()
+
+        def drop() -> None:  # the requests sent and the parts coming are dropped
+            for task in (sender, *streams):
+                task.cancel()
+
+        deadline = WriteDeadline(context, "StreamPredictions2", self.write_timeout, drop)
         try:
             while True:
                 item = await out.get()
@@ -189,12 +216,14 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
                     continue
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                with deadline.writing():
+                    yield item
+                room.release()
         finally:
-            for task in (sender, *streams):
-                task.cancel()
+            drop()
 
-    async def _send_in_turn(self, requests, context, out: asyncio.Queue) -> None:
+    async def _send_in_turn(self, requests, context, out: asyncio.Queue,
+                            room: asyncio.Semaphore) -> None:
         """StreamPredictions2's requests, each sent once the one before has its first answer,
         which goes to ``out`` (and a task that sends on its later parts)."""
         sequence = ""
@@ -209,6 +238,7 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
                 except (ControllerGone, TooManyQuestions) as exc:
                     reply = Reply(503, {"code": 503, "type": "ServiceUnavailableException",
                                         "message": str(exc)})
+                await room.acquire()  # no next request while the answers wait to be written
                 if reply.status >= 400:
                     out.put_nowait(failed(reply.status, reply.body, request.sequence_id))
                     continue
@@ -216,7 +246,7 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
                 out.put_nowait(inference_pb2.PredictionResponse(prediction=reply.body, **named))
                 sequence = sequence or named.get("sequence_id", "")
                 if reply.stream is not None:
-                    out.put_nowait(asyncio.create_task(_parts(reply, named, out)))
+                    out.put_nowait(asyncio.create_task(_parts(reply, named, out, room)))
         except Exception as exc:  # an abort (a bad deadline), the client's stream failing
             out.put_nowait(exc)
         finally:

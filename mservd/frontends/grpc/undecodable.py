@@ -9,6 +9,7 @@ runs: the client learns what was wrong with its call, and the log gets one WARNI
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -44,11 +45,30 @@ async def _refuse(method: str, mark: Undecodable, context: grpc.aio.ServicerCont
                         f"The request is no protobuf message of {method}'s type: {mark.error}")
 
 
+def _forget_frames(exc: BaseException) -> None:
+    """An aborted call's ``AbortError`` outlives it in a reference cycle (its traceback's
+    frames hold the call's context, whose state holds the error) until a full collection,
+    and with it every local of those frames: a 6 MB message, and what the servicer made of
+    it, per aborted call. Their locals are dropped instead, and those of the errors it was
+    raised while handling."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
+
+
 def _unary_unary(method: str, behavior: Callable) -> Callable:
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if isinstance(request, Undecodable):
             await _refuse(method, request, context)
-        return await behavior(request, context)
+        try:
+            return await behavior(request, context)
+        except grpc.aio.AbortError as exc:
+            del request  # this frame is in the traceback too, and still running
+            _forget_frames(exc)
+            raise
     return call
 
 
@@ -56,8 +76,13 @@ def _unary_stream(method: str, behavior: Callable) -> Callable:
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if isinstance(request, Undecodable):
             await _refuse(method, request, context)
-        async for answer in behavior(request, context):
-            yield answer
+        try:
+            async for answer in behavior(request, context):
+                yield answer
+        except grpc.aio.AbortError as exc:
+            del request  # this frame is in the traceback too, and still running
+            _forget_frames(exc)
+            raise
     return call
 
 
