@@ -3,7 +3,9 @@
 This is what ``mservd start --foreground`` runs (and what ``mservd start`` runs detached). It
 owns the process-level pieces around the controller: the log, the pid and state files in the
 log folder, the HTTP ports (held for the frontends), the frontend processes
-(``frontends/processes.py``) and the signals.
+(``frontends/processes.py``), the signals, and its run folder (its sockets and unpacked
+archives, under the system temp folder): removed at stop, and, should the daemon be killed
+before it can, by the next start of any daemon of this user (:func:`remove_orphan_run_folders`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -37,6 +40,8 @@ log = logging.getLogger("mservd")
 PID_FILE = "mservd.pid"
 STATE_FILE = "mservd.state.json"
 KEY_FILE = "key_file.json"
+RUN_PREFIX = "mservd-"  # a run folder's name under the system temp folder
+RUN_OWNER = "mservd.owner.json"  # in a run folder: the daemon that made it (pid, start time)
 
 
 class StartError(Exception):
@@ -68,6 +73,78 @@ def running_pid(log_dir: Path) -> int | None:
     except OSError:
         return pid
     return pid if b"mservd" in cmdline else None
+
+
+def process_start(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, /proc/<pid>/stat's 22nd field): with the
+    pid it names one process, whatever pid is reused later. None if it is gone or unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:
+        return int(stat.rsplit(")", 1)[1].split()[19])  # past the command's parentheses
+    except (IndexError, ValueError):
+        return None
+
+
+def make_run_folder() -> Path:
+    """This daemon's run folder, stamped with its owner: a later start knows it for ours and
+    can tell whether its daemon still runs."""
+    run_dir = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
+    owner = {"pid": os.getpid(), "started": process_start(os.getpid()), "mservd": __version__}
+    (run_dir / RUN_OWNER).write_text(json.dumps(owner))
+    return run_dir
+
+
+def remove_orphan_run_folders(temp: Path | None = None) -> list[Path]:
+    """Remove the run folders of daemons that are gone (killed before their stop removed
+    them: sockets and unpacked archives, hundreds of MB). Only folders recognisably ours are
+    touched: named ``mservd-*``, owned by this user, stamped with RUN_OWNER, whose daemon (pid
+    and start time) no longer runs and whose controller socket takes no connection. Returns
+    those removed."""
+    removed = []
+    for folder in Path(temp or tempfile.gettempdir()).glob(RUN_PREFIX + "*"):
+        try:
+            if is_orphan_run_folder(folder):
+                shutil.rmtree(folder)
+                removed.append(folder)
+        except OSError as exc:  # another start removing it too, or not ours to remove
+            log.warning("could not remove the run folder %s of a daemon that is gone: %s",
+                        folder, exc)
+    if removed:
+        log.info("removed %d run folders of daemons that are gone: %s", len(removed),
+                 ", ".join(str(folder) for folder in removed))
+    return removed
+
+
+def is_orphan_run_folder(folder: Path) -> bool:
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return False
+    try:
+        owner = json.loads((folder / RUN_OWNER).read_text())
+        pid, started = int(owner["pid"]), owner.get("started")
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # not stamped: not recognisably ours
+    if pid == os.getpid() or (process_start(pid) is not None
+                              and process_start(pid) == started):
+        return False  # its daemon runs
+    return not controller_listens(folder / "frontend.sock")
+
+
+def controller_listens(path: Path) -> bool:
+    """Whether a live controller holds the socket at ``path`` (a daemon in another pid
+    namespace sharing this temp folder, whose pid means nothing here)."""
+    if not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def configure_logging(settings: Settings, log_dir: Path, to_stderr: bool) -> None:
@@ -186,7 +263,8 @@ class Daemon:
 
         state_path(self.log_dir).unlink(missing_ok=True)
         pid_path(self.log_dir).write_text(str(os.getpid()))
-        run_dir = Path(tempfile.mkdtemp(prefix="mservd-"))
+        remove_orphan_run_folders()
+        run_dir = make_run_folder()
         keys = None
         key_file = Path(KEY_FILE).resolve()
         if not settings.disable_token_authorization:

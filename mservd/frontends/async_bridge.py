@@ -15,9 +15,17 @@ While the controller has lent this frontend an idle worker (``leases.py``), the 
 a turn for its version go to that worker instead, one process fewer on the way there too.
 
 The questions anyone may ask the controller (health, metrics, an unknown token, metadata) go
-through :meth:`AsyncBridge.ask_open`: one at a time for the whole process, spaced
-(``spaced.py``). A call's token is asked about before its body is read
-(:meth:`AsyncBridge.refusal`), and remembered while its holder keeps calling.
+through :meth:`AsyncBridge.ask_open`: one at a time for the whole process, spaced, each kind
+in its own lane so that health checks never wait behind strangers' tokens (``spaced.py``). A
+call's token is asked about before its body is read (:meth:`AsyncBridge.refusal`), at most
+``unknown_token_limit`` at once per client address, and remembered while its holder keeps
+calling.
+
+The controller is the daemon itself. Should it die (SIGKILL, a crash), its end of the socket
+closes, which a monitor of ours hears at once: every call still waiting is answered 503 (a
+stream ends with that error as its final part: an SSE error event, a gRPC UNAVAILABLE), every
+later call too, and ``on_lost`` is called (by default the process stops as on SIGTERM: a
+frontend without its controller has nothing to serve).
 """
 
 from __future__ import annotations
@@ -28,16 +36,18 @@ import json
 import logging
 import os
 import secrets
+import signal
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from mservd import protocol
-from mservd.errors import WorkerDied
-from mservd.frontends.bridge import AcceptedTokens, ClientGone, ControllerGone
+from mservd.errors import NoWorker, WorkerDied
+from mservd.frontends.bridge import AcceptedTokens, ClientGone, ControllerGone, client_network
 from mservd.frontends.leases import HeldLeases
 from mservd.frontends.spaced import SpacedQuestions
 from mservd.protocol import Reply
@@ -45,7 +55,17 @@ from mservd.protocol import Reply
 log = logging.getLogger(__name__)
 WATCH_INTERVAL = 1.0  # seconds between checks for leased batches that hung
 TOKEN_QUESTION_TIMEOUT = 10.0  # seconds for the controller's answer about a token
+UNKNOWN_TOKEN_LIMIT = 8  # unknown tokens of one client address waiting for a check at once
 EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+LANES = {"ping": "health", "metrics": "metrics", "authorize": "tokens"}  # by op; others: ""
+CONTROLLER_LOST = ("The controller (the mservd daemon) is gone: this frontend is stopping. "
+                   "Start mservd again.")
+
+
+def stop_this_process() -> None:
+    """What a frontend does once its controller is gone: stop as on SIGTERM (its server
+    drains what is left, which the bridge has answered already)."""
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _time_out(waiter: asyncio.Future) -> None:
@@ -59,8 +79,13 @@ class AsyncBridge:
     that descriptor by edge, and any send may consume the edge, so every send and every drain
     ends by asking the socket itself whether answers are waiting."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, unknown_token_limit: int = UNKNOWN_TOKEN_LIMIT,
+                 on_lost: Callable[[], None] = stop_this_process) -> None:
         self.endpoint = endpoint
+        self.on_lost = on_lost  # called once, when the controller's end of the socket closes
+        self.lost = False  # the controller is gone: every call is answered 503 at once
+        self._monitor: Any = None  # the socket's events: a disconnection means the above
+        self._monitor_check: asyncio.TimerHandle | None = None  # its next look, by timer
         self._ctx: zmq.Context | None = None
         self._sock: Any = None
         self._replies: Any = None  # the reply socket workers answer on, once bound
@@ -71,7 +96,8 @@ class AsyncBridge:
         self._outbox: list[list[bytes]] = []  # this turn's PREDICT messages, sent as one
         self._leases: HeldLeases | None = None  # workers lent to us, once the reply socket is
         self._watch: asyncio.TimerHandle | None = None  # the next check for hung leased batches
-        self._open_questions = SpacedQuestions(self._ask_open_now, "questions anyone may ask")
+        self._open_questions = SpacedQuestions(self._ask_open_now, "questions anyone may ask",
+                                               per_client={"tokens": unknown_token_limit})
         # tokens the controller accepted lately, per API: one memory for the whole process
         self._accepted = {protocol.API_INFERENCE: AcceptedTokens(),
                           protocol.API_MANAGEMENT: AcceptedTokens()}
@@ -87,10 +113,47 @@ class AsyncBridge:
             address = self._bind_replies()
             if address is not None:  # the controller knows this frontend by it
                 sock.setsockopt(zmq.ROUTING_ID, address.encode())
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._loop.add_reader(self._monitor.getsockopt(zmq.FD), self._on_socket_event)
             sock.connect(self.endpoint)
             self._sock = sock
             self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
+            self._on_socket_event()  # takes the first edge: else the next may never signal
         return self._sock
+
+    def _on_socket_event(self) -> None:
+        """The monitor's events (edge-signalled, so read until none is left): a
+        disconnection is the controller's end closing, which only its death does while we
+        run (a daemon that stops stops its frontends first)."""
+        monitor = self._monitor
+        while monitor is not None and monitor.getsockopt(EVENTS) & POLLIN:
+            event = recv_monitor_message(monitor, NOBLOCK)
+            if event["event"] == zmq.EVENT_DISCONNECTED and not self.lost:
+                self._controller_lost()
+        if monitor is not None and not self.lost and self._loop is not None:
+            # a second look each WATCH_INTERVAL, should an edge ever be missed
+            if self._monitor_check is not None:
+                self._monitor_check.cancel()
+            self._monitor_check = self._loop.call_later(WATCH_INTERVAL, self._on_socket_event)
+
+    def _controller_lost(self) -> None:
+        """Answer every waiting call 503 now (a stream's final part: its error), refuse every
+        later one, and tell ``on_lost``."""
+        self.lost = True
+        waiting = list(self._waiting)
+        log.error("the controller at %s is gone: %d calls waiting answered 503, and this "
+                  "frontend stops", self.endpoint, len(waiting))
+        if self._leases is not None:
+            self._leases.close()  # lent workers die with their daemon
+            self._leases = None
+        gone = Reply.error(NoWorker(CONTROLLER_LOST))
+        for rid in waiting:
+            answer = gone.result(rid)
+            self._deliver_one(protocol.REPLY, rid, [answer.head, answer.body])
+        try:
+            self.on_lost()
+        except Exception:  # stopping is a courtesy: the answers above are what matter
+            log.exception("could not stop this frontend after losing the controller")
 
     def _bind_replies(self) -> str | None:
         """Bind the reply socket; its address, or None where there is none (the controller
@@ -238,6 +301,8 @@ class AsyncBridge:
         an async iterator over the later parts' bodies (final one last); without, only the
         final answer is returned.
         """
+        if self.lost:
+            raise ControllerGone(CONTROLLER_LOST)
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
         self._waiting[rid] = waiter
@@ -334,26 +399,34 @@ class AsyncBridge:
                                timeout)
 
     async def ask_open(self, op: str, args: dict[str, Any], token: str | None,
-                       timeout: float, api: str = protocol.API_MANAGEMENT) -> Reply:
+                       timeout: float, api: str = protocol.API_MANAGEMENT,
+                       client: str | None = None) -> Reply:
         """A MANAGE question anyone may ask (health, metrics, an unknown token, metadata):
         asked one at a time for this process and spaced, so a stranger's flood of them holds
-        the controller a tenth of its time at most; raises ``spaced.TooManyQuestions`` past
-        64 different ones waiting."""
+        the controller a tenth of its time at most. Each kind waits in its own lane (pings,
+        metrics, tokens, the rest: ``LANES``), the lanes taking turns; raises
+        ``spaced.TooManyQuestions`` past 64 different ones waiting in a lane, or past a
+        client's own bound (``client``: its address)."""
+        if self.lost:
+            raise ControllerGone(CONTROLLER_LOST)
         return await self._open_questions.answer(
-            (op, json.dumps(args, sort_keys=True), token, timeout, api))
+            (op, json.dumps(args, sort_keys=True), token, timeout, api), LANES.get(op, ""),
+            client_network(client))
 
     async def refusal(self, token: str | None, api: str,
-                      timeout: float = TOKEN_QUESTION_TIMEOUT) -> Reply | None:
+                      timeout: float = TOKEN_QUESTION_TIMEOUT,
+                      client: str | None = None) -> Reply | None:
         """The controller's refusal of ``token`` for ``api`` (401), or None: asked before a
         request's body or message is read, so a stranger's request costs no more than its
         head. A token accepted lately is taken without asking (``bridge.AcceptedTokens``); an
-        unknown one is asked about as anyone's question is (:meth:`ask_open`, spaced). The
-        controller still checks each call itself."""
+        unknown one is asked about as anyone's question is (:meth:`ask_open`, spaced, in the
+        tokens' lane), at most ``unknown_token_limit`` at once for one ``client`` address
+        (past it 503 at once, unasked). The controller still checks each call itself."""
         accepted = self._accepted[api]
         now = time.monotonic()
         if accepted.knows(token, now):
             return None
-        reply = await self.ask_open("authorize", {}, token, timeout, api=api)
+        reply = await self.ask_open("authorize", {}, token, timeout, api=api, client=client)
         if reply.status != 200:
             return reply
         accepted.accepted(token, now)
@@ -365,28 +438,36 @@ class AsyncBridge:
         calling, whatever flood of strangers' questions waits."""
         self._accepted[api].answered(token, status)
 
+    def forget(self, token: str | None, api: str) -> None:
+        """``token`` was revoked: its next call is asked about again (``AcceptedTokens``)."""
+        self._accepted[api].forget(token)
+
     async def _ask_open_now(self, question: tuple[str, str, str | None, float, str]) -> Reply:
         op, args, token, timeout, api = question
         return await self.manage(op, json.loads(args), token, timeout, api)
 
     def close(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
+        for timer in (self._monitor_check, self._watch):
+            if timer is not None:
+                timer.cancel()
+        self._monitor_check = self._watch = None
+        if self._monitor is not None and self._sock is not None:
+            self._sock.disable_monitor()
+        self._monitor = self._unwatch(self._monitor)
         if self._leases is not None:
             self._leases.close()
             self._leases = None
         if self._replies is not None:
-            if self._loop is not None:
-                self._loop.remove_reader(self._replies.getsockopt(zmq.FD))
-            self._replies.close(linger=0)
-            self._replies = None
+            self._replies = self._unwatch(self._replies)
             with contextlib.suppress(OSError):
                 os.unlink(self._replies_path)
-        if self._sock is not None:
-            if self._loop is not None:
-                self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
-            self._sock.close(linger=0)
-            self._sock = None
+        self._sock = self._unwatch(self._sock)
         if self._ctx is not None:
             self._ctx.term()
+
+    def _unwatch(self, sock: Any) -> None:
+        """Stop reading ``sock`` and close it (None: nothing to do); None, for its holder."""
+        if sock is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(sock.getsockopt(zmq.FD))
+            sock.close(linger=0)

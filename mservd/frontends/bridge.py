@@ -7,6 +7,7 @@ The line itself is ``async_bridge.py`` (one DEALER socket per frontend process).
 
 from __future__ import annotations
 
+import ipaddress
 import time
 
 from mservd.errors import BadRequest
@@ -51,6 +52,10 @@ class AcceptedTokens:
             self._until.clear()
         self._until[token] = now + TOKEN_MEMORY
 
+    def forget(self, token: str | None) -> None:
+        """``token`` was revoked (a dashboard logout): ask about it again next time."""
+        self._until.pop(token or "", None)
+
     def answered(self, token: str | None, status: int) -> None:
         """The controller answered a call that carried ``token``: anything but 401 means it
         took the token, so the client's next calls skip the question while it keeps calling,
@@ -72,3 +77,20 @@ def request_timeout_ms(value: str | None) -> float | None:
         raise BadRequest(f"Invalid X-Request-Timeout-Ms {value!r}: it must be a number of "
                          "milliseconds, not negative.")
     return timeout
+
+
+def client_network(address: str | None) -> str | None:
+    """What a client's address counts as when strangers' questions are bounded per client:
+    an IPv4 address itself, an IPv6 one its /64 (one host is handed a whole /64), None when
+    unknown (not bounded per client)."""
+    if not address or address == "-":
+        return None
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address  # a Unix socket's path or the like: itself
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:  # an IPv4 client of a dual-stack socket
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)

@@ -246,4 +246,11 @@ function connect() {
   };
 }
 
+$("#logout").addEventListener("click", async () => {
+  // ends the session on the server (every page opened with it stops), then shows the key form
+  await fetch("/dashboard/logout", {method: "POST", credentials: "same-origin",
+                                    headers: {"X-Mservd-Dashboard": "1"}}).catch(() => null);
+  location.reload();
+});
+
 connect();

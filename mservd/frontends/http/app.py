@@ -74,9 +74,10 @@ class BlockingBridge:
         """A management question anyone may ask, spaced (``AsyncBridge.ask_open``)."""
         return self._wait(self.bridge.ask_open(op, args, token, timeout), timeout)
 
-    def refusal(self, token: str | None) -> Reply | None:
-        """The controller's refusal of a management key, or None (``AsyncBridge.refusal``)."""
-        return self._wait(self.bridge.refusal(token, protocol.API_MANAGEMENT),
+    def refusal(self, token: str | None, client: str | None = None) -> Reply | None:
+        """The controller's refusal of a management key, or None (``AsyncBridge.refusal``;
+        ``client``: the caller's address)."""
+        return self._wait(self.bridge.refusal(token, protocol.API_MANAGEMENT, client=client),
                           TOKEN_QUESTION_TIMEOUT)
 
     def answered(self, token: str | None, status: int) -> None:
@@ -263,7 +264,8 @@ class WsgiRoutes:
 
         if self.bridge is not None and (request.headers.get("content-length", "0") != "0"
                                         or "transfer-encoding" in request.headers):
-            refused = await self.bridge.refusal(request.token(True), protocol.API_MANAGEMENT)
+            refused = await self.bridge.refusal(request.token(True), protocol.API_MANAGEMENT,
+                                                client=request.client)
             if refused is not None:
                 return relay(refused)
         body = await request.body(self.max_body, self.body_timeout)

@@ -1,17 +1,21 @@
 """The live dashboard on the management port: ``GET /dashboard`` and what its page reads.
 
     GET  /dashboard                  the page (mservd/static/), or a key form answered 401
-    POST /dashboard/login            the management key from that form: kept in a cookie
+    POST /dashboard/login            the management key from that form: a session in a cookie
+    POST /dashboard/logout           the session ended, the cookie dropped
     GET  /dashboard/overview         the overview document (mservd/overview.py), for scripts too
     GET  /dashboard/events           the same document once a second, as server-sent events
     POST /dashboard/actions/scale    {"model", "version", "min_worker"}: the scale verb
     POST /dashboard/actions/set-default  {"model", "version"}: the set-default verb
     GET  /dashboard/static/<file>    the page's script and style (no data in them)
 
-Every call but the form, the login and the static files carries the management key, as a
-bearer token (scripts) or the cookie the login set (the page: HttpOnly, SameSite=Strict, so a
-script on another site can neither read nor send it); the controller checks it on each
-document, so an expired key ends a stream. An action made with the cookie must also carry
+Every call but the form, the login and the static files carries the management key as a
+bearer token (scripts), or the cookie the login set (the page: HttpOnly, SameSite=Strict, so a
+script on another site can neither read nor send it). The cookie holds a session, never the
+key: a random id the controller's key store maps to the management key (``auth.py``), ended
+by the logout, by a rotation of the management key, after ``auth.SESSION_HOURS`` or when the
+key expires, whichever comes first. The controller checks the key or session on each
+document, so an ended session ends a stream. An action made with the cookie must also carry
 ``X-Mservd-Dashboard: 1``, which a form on another site cannot send. The actions are the
 management API's own verbs, with their checks and errors.
 """
@@ -25,6 +29,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from mservd import protocol
+from mservd.auth import LOGOUT, SESSION, SESSION_HOURS, SESSION_PREFIX
 from mservd.errors import BadRequest, ResourceNotFound, Unauthorized
 from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import bearer_token
@@ -38,6 +43,7 @@ from mservd.frontends.http.request import (
 )
 
 COOKIE = "mservd_dashboard"
+SESSION_SECONDS = int(SESSION_HOURS * 3600)  # the cookie's Max-Age
 EVERY = 1.0  # seconds between two documents of a stream
 TIMEOUT = 30.0  # seconds the controller has to answer one call
 MAX_BODY = 4096  # bytes of a login form or an action
@@ -48,8 +54,8 @@ ACTIONS = {"scale": "scale", "set-default": "set_default"}
 _LOGIN = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>mservd dashboard
 </title><link rel="icon" href="data:,"><link rel="stylesheet" href="/dashboard/static/dashboard.css"></head><body><header>
 <h1>mservd</h1></header><main><form method="post" action="/dashboard/login" class="model">
-<h3>The management key</h3><p class="muted">It is in key_file.json, under "management". It is
-kept in a cookie for this browser session.</p><p>{problem}</p><input name="key" type="password"
+<h3>The management key</h3><p class="muted">It is in key_file.json, under "management". This
+browser keeps a session for it (not the key), for 8 hours at most.</p><p>{problem}</p><input name="key" type="password"
 autocomplete="off" autofocus size="40"> <button>Open the dashboard</button></form></main>
 </body></html>"""
 
@@ -67,15 +73,17 @@ class DashboardRoutes:
         if path == "/dashboard/login":
             return await self.login(request)
         token, by_cookie = self.credentials(request)
+        if path == "/dashboard/logout":
+            return await self.logout(request, token, by_cookie)
         if path == "/dashboard":
             need_method(request, "GET")
-            if self.auth and await self.refusal(token) is not None:
+            if self.auth and await self.refusal(token, request.client) is not None:
                 return login_form(401, "" if token is None else "That key was refused.")
             return Answer(200, page("dashboard.html"), "text/html; charset=utf-8",
                           [("Cache-Control", "no-store")])
         if path == "/dashboard/overview":
             need_method(request, "GET")
-            reply = await self.overview(token)
+            reply = await self.overview(token, request.client)
             return Answer(reply.status, reply.body, reply.content_type,
                           challenged(reply.status, [("Cache-Control", "no-store")]))
         if path == "/dashboard/events":
@@ -96,21 +104,23 @@ class DashboardRoutes:
             return bearer_token(header), False
         for part in request.headers.get("cookie", "").split(";"):
             name, _, value = part.strip().partition("=")
-            if name == COOKIE and value:
+            if name == COOKIE and value.startswith(SESSION_PREFIX):  # a session, never a key
                 return value, True
         return None, False
 
-    async def refusal(self, token: str | None):
-        """The controller's refusal of a management key, or None (``AsyncBridge.refusal``:
-        a stranger's key is asked about spaced, a known one not at all)."""
-        return await self.bridge.refusal(token, protocol.API_MANAGEMENT)
+    async def refusal(self, token: str | None, client: str | None = None):
+        """The controller's refusal of a management key or session, or None
+        (``AsyncBridge.refusal``: a stranger's key is asked about spaced, a known one not at
+        all)."""
+        return await self.bridge.refusal(token, protocol.API_MANAGEMENT, client=client)
 
-    async def overview(self, token: str | None):
-        return await self.keyed("overview", {}, token)
+    async def overview(self, token: str | None, client: str | None = None):
+        return await self.keyed("overview", {}, token, client)
 
-    async def keyed(self, verb: str, args: dict[str, Any], token: str | None):
+    async def keyed(self, verb: str, args: dict[str, Any], token: str | None,
+                    client: str | None = None):
         """A verb that needs the management key, a stranger's refused before it is sent."""
-        refused = await self.refusal(token) if self.auth else None
+        refused = await self.refusal(token, client) if self.auth else None
         if refused is not None:
             return refused
         reply = await self.bridge.manage(verb, args, token, TIMEOUT)
@@ -125,14 +135,47 @@ class DashboardRoutes:
         form = parse_qs((await request.body(MAX_BODY, self.body_timeout)).decode("utf-8",
                                                                                   "replace"))
         key = (form.get("key") or [""])[0].strip()
-        if not key or "\r" in key or "\n" in key or ";" in key or (
-                await self.refusal(key)) is not None:
+        session = await self.session_for(key, request.client) if key else None
+        if session is None:
             return login_form(401, "That key was refused: give the management key.")
-        cookie = f"{COOKIE}={key}; Path=/dashboard; HttpOnly; SameSite=Strict"
-        return Answer(303, b"", JSON, [("Location", "/dashboard"), ("Set-Cookie", cookie)])
+        session_id, seconds = session
+        cookie = (f"{COOKIE}={session_id}; Path=/dashboard; Max-Age={seconds}; HttpOnly; "
+                  "SameSite=Strict")
+        return Answer(303, b"", JSON, [("Location", "/dashboard"), ("Set-Cookie", cookie),
+                                       ("Cache-Control", "no-store")])
+
+    async def session_for(self, key: str, client: str) -> tuple[str, int] | None:
+        """A new session for the management ``key`` and its seconds to live, or None if the
+        controller refused the key (it checks the key itself: anyone may ask, spaced)."""
+        reply = await self.bridge.ask_open("token", {"type": SESSION}, key, TIMEOUT,
+                                           client=client)
+        if reply.status != 200:
+            return None
+        session = json.loads(reply.body).get("key")
+        if not isinstance(session, str) or not session.startswith(SESSION_PREFIX):
+            return None
+        return session, SESSION_SECONDS  # the controller ends it sooner if the key expires
+
+    async def logout(self, request: HttpRequest, token: str | None, by_cookie: bool) -> Answer:
+        """End the session the cookie holds (the controller forgets it: every page and
+        stream opened with it is refused from its next document) and drop the cookie."""
+        need_method(request, "POST")
+        if by_cookie and request.headers.get("x-mservd-dashboard") != "1":
+            raise Unauthorized("A dashboard logout made with its cookie must carry the header "
+                               "X-Mservd-Dashboard: 1.")
+        if self.auth and token is not None and token.startswith(SESSION_PREFIX):
+            reply = await self.bridge.ask_open("token", {"type": LOGOUT}, token, TIMEOUT,
+                                               client=request.client)
+            self.bridge.forget(token, protocol.API_MANAGEMENT)
+            if reply.status != 200:
+                return Answer(reply.status, reply.body, reply.content_type,
+                              challenged(reply.status, []))
+        cookie = f"{COOKIE}=; Path=/dashboard; Max-Age=0; HttpOnly; SameSite=Strict"
+        return Answer(200, json.dumps({"status": "Logged out"}).encode(), JSON,
+                      [("Set-Cookie", cookie), ("Cache-Control", "no-store")])
 
     async def events(self, request: HttpRequest, token: str | None) -> Answer:
-        first = await self.overview(token)
+        first = await self.overview(token, request.client)
         if first.status != 200:
             return Answer(first.status, first.body, first.content_type,
                           challenged(first.status, []))
@@ -166,7 +209,7 @@ class DashboardRoutes:
         if by_cookie and request.headers.get("x-mservd-dashboard") != "1":
             raise Unauthorized("A dashboard action made with its cookie must carry the header "
                                "X-Mservd-Dashboard: 1.")
-        refused = await self.refusal(token) if self.auth else None
+        refused = await self.refusal(token, request.client) if self.auth else None
         if refused is not None:  # before its body is read
             return Answer(refused.status, refused.body, refused.content_type,
                           challenged(refused.status, []))

@@ -67,7 +67,8 @@ class Gateway:
         if refusal is not None:
             return Answer(503, refusal, JSON, list(RETRY_AFTER))
         if self.auth:  # before a byte of the body is read
-            refused = await self.bridge.refusal(self.token(request), protocol.API_INFERENCE)
+            refused = await self.bridge.refusal(self.token(request), protocol.API_INFERENCE,
+                                                client=request.client)
             if refused is not None:
                 return relay(refused, shape=shape)
         limit = self.door.let_in(path) if door else None

@@ -12,7 +12,8 @@ from typing import Any
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from mservd.errors import MservdError, NoWorker, error_body
+from mservd.auth import SESSION_PREFIX
+from mservd.errors import MservdError, NoWorker, Unauthorized, error_body
 from mservd.frontends.bridge import ControllerGone, bearer_token
 from mservd.frontends.http.request import challenged, model_and_version
 
@@ -27,10 +28,13 @@ def create_management_app(bridge: Any, timeout: float, auth: bool) -> Flask:
 
     def call(op: str, args: dict[str, Any]) -> Response:
         token = bearer_token(request.headers.get("Authorization")) if auth else None
+        if token and token.startswith(SESSION_PREFIX) and op != "token":
+            raise Unauthorized("Token authorization failed: a dashboard session opens the "
+                               "dashboard alone; send the management key.")
         if op == "token":  # it checks the API key itself: anyone may ask, spaced
             reply = bridge.ask_open(op, args, token, timeout)
         else:  # a stranger's key is asked about as anyone's question is, a known one not
-            refused = bridge.refusal(token) if auth else None
+            refused = bridge.refusal(token, request.remote_addr) if auth else None
             reply = refused if refused is not None else bridge.manage(op, args, token, timeout)
             if auth:
                 bridge.answered(token, reply.status)
