@@ -179,9 +179,10 @@ def own_temp(monkeypatch):
 
 def test_a_killed_daemons_frontends_end_their_streams_and_its_run_folder_goes_at_next_start(
         daemon_factory, store, tmp_path, own_temp) -> None:
-    """SIGKILL the daemon mid-stream: the open stream ends at once with a 503 error as its
-    last part (no silence, no bare cut), the HTTP and gRPC frontends exit, and the next start
-    removes the run folder the killed daemon left. Before, the frontends drained for
+    """SIGKILL the daemon mid-stream: the open streams end at once with a 503 error as their
+    last part (a prediction's chunks, the dashboard's events; no silence, no bare cut), the
+    HTTP and gRPC frontends exit, and the next start removes the run folder the killed daemon
+    left. Before, the frontends drained for
     drain_timeout with the stream silent, it broke with no error, and the run folder stayed."""
     from conftest import grpc_frontend, http_arbiter, http_workers, wait_until, write_archive
 
@@ -204,12 +205,18 @@ def test_a_killed_daemons_frontends_end_their_streams_and_its_run_folder_goes_at
     assert stream.status_code == 200
     parts = stream.iter_content(chunk_size=None)
     assert next(parts).startswith(b"part0")
+    board = requests.get(daemon.url("management", "/dashboard/events"), stream=True, timeout=30,
+                         headers=daemon._headers("management", None))
+    events = board.iter_lines()
+    assert next(events).startswith(b"data: {")
     os.kill(daemon.proc.pid, signal.SIGKILL)
     daemon.proc.wait()
     rest = b"".join(parts)  # ends (no exception: a proper end of the chunked body)
     last = rest[rest.rfind(b"{"):]
     error = json.loads(last)
     assert error["code"] == 503 and "controller" in error["message"], rest[-300:]
+    said = b"\n".join(events)  # the dashboard's stream too ends with an error event
+    assert b"event: error" in said and b"controller" in said, said[-300:]
     gone, alive = psutil.wait_procs(frontends, timeout=60)
     assert not alive, f"frontends outlived their controller: {alive}"
     assert run_folders[0].exists()  # nothing could remove it: the next start does

@@ -30,9 +30,9 @@ from urllib.parse import parse_qs
 
 from mservd import protocol
 from mservd.auth import LOGOUT, SESSION, SESSION_HOURS, SESSION_PREFIX
-from mservd.errors import BadRequest, ResourceNotFound, Unauthorized
+from mservd.errors import BadRequest, NoWorker, ResourceNotFound, Unauthorized
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.bridge import bearer_token
+from mservd.frontends.bridge import ControllerGone, bearer_token
 from mservd.frontends.http.request import (
     JSON,
     Answer,
@@ -41,6 +41,7 @@ from mservd.frontends.http.request import (
     model_and_version,
     need_method,
 )
+from mservd.protocol import Reply
 
 COOKIE = "mservd_dashboard"
 SESSION_SECONDS = int(SESSION_HOURS * 3600)  # the cookie's Max-Age
@@ -194,7 +195,10 @@ class DashboardRoutes:
                     return  # the page was closed: no more documents are asked for
                 except TimeoutError:
                     pass
-                reply = await self.overview(token)
+                try:
+                    reply = await self.overview(token)
+                except ControllerGone as exc:  # the daemon died: said, not a bare cut
+                    reply = Reply.error(NoWorker(str(exc)))
 
         return Answer(200, b"", "text/event-stream",
                       [("Cache-Control", "no-store"), ("X-Accel-Buffering", "no")], stream=stream())
