@@ -111,10 +111,10 @@ def test_a_stream2_client_that_never_reads_is_no_longer_read_and_is_ended_at_the
     echo_is_served(stub, key)
 
 
-def test_a_stream_predictions_client_that_never_reads_is_ended_and_its_request_dropped(
+def test_a_stream_predictions_client_that_never_reads_is_ended_at_the_write_deadline(
         daemon, stub, key) -> None:
     """StreamPredictions writes each part as the client takes it; one that takes none had the
-    handler's parts (16 MB here) pile up in the frontend with no end."""
+    handler's parts (32 MB here) pile up in the frontend for as long as it stayed."""
     mark = daemon.log_end("grpc.log")
     call = stub.StreamPredictions(predictions("manyparts", b"go"), metadata=key)
     try:
@@ -125,7 +125,7 @@ def test_a_stream_predictions_client_that_never_reads_is_ended_and_its_request_d
         call.cancel()
     assert error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
     assert "frontend_write_timeout" in error.details()
-    assert answers < 1000
+    assert answers < 2000  # what the flow-control windows held, then the end
     echo_is_served(stub, key)
 
 
