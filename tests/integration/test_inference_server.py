@@ -238,16 +238,51 @@ def test_connections_are_spread_over_the_workers_and_a_dead_one_is_replaced(
     for sock in socks:
         sock.close()
 
-    def listening() -> set[int]:
-        """The pids listening on the inference port (the daemon holds it without listening)."""
-        return {c.pid for c in psutil.net_connections(kind="tcp")
-                if c.laddr.port == port and c.status == psutil.CONN_LISTEN}
+    def listens(worker: psutil.Process) -> bool:
+        """Whether ``worker`` holds a listener on the inference port. Asked of the process:
+        the system's list names one holder of a socket, and the arbiter holds them all."""
+        try:
+            return any(c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                       for c in worker.net_connections(kind="tcp"))
+        except psutil.Error:  # gone meanwhile
+            return False
 
-    assert listening() == {w.pid for w in workers}
-    os.kill(workers[0].pid, signal.SIGKILL)  # its listener goes with it; gunicorn replaces it
-    wait_until(lambda: workers[0].pid not in listening() and len(listening()) == 2, 30,
-               "the killed worker's listener to go and its replacement's to come")
+    def replaced() -> bool:
+        now = http_workers(daemon)
+        return (len(now) == 2 and workers[0].pid not in {w.pid for w in now}
+                and all(listens(w) for w in now))
+
+    assert all(listens(w) for w in workers)
+    os.kill(workers[0].pid, signal.SIGKILL)  # gunicorn replaces it
+    wait_until(replaced, 30, "the killed worker's replacement to hold a listener")
     for _ in range(16):  # every new connection is answered
         with connect(daemon) as sock:
             sock.sendall(ping)
+            assert read_answers(sock, 1)[0][0] == 200
+
+
+def test_connections_queued_for_a_worker_that_dies_are_answered_by_its_replacement(
+        daemon_factory) -> None:
+    import os
+    import signal
+
+    from conftest import http_workers
+
+    daemon = daemon_factory({"frontend_workers": 2})
+    workers = http_workers(daemon)
+    assert len(workers) == 2
+    # a hung worker (its loop stopped; gunicorn kills it after frontend_timeout): the kernel
+    # still deals it its share of new connections, which wait in its listener's queue
+    os.kill(workers[0].pid, signal.SIGSTOP)
+    socks = []
+    try:
+        for _ in range(16):  # all 16 dealt to the live worker has odds of 1 in 65536
+            sock = connect(daemon)
+            sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+            socks.append(sock)
+    finally:
+        os.kill(workers[0].pid, signal.SIGKILL)
+    # the queued connections were never the dead worker's: its replacement answers them
+    for sock in socks:
+        with sock:
             assert read_answers(sock, 1)[0][0] == 200

@@ -4,10 +4,14 @@ The daemon holds the three HTTP ports (bound, never listening) and starts
 ``python -m mservd.frontends.http.arbiter SPEC_JSON``. gunicorn's arbiter forks
 ``frontend_workers`` ASGI workers (asyncio on uvloop, gunicorn-h1c's C HTTP parser), watches
 them, replaces one that dies, and on SIGTERM lets them finish what they hold within
-``graceful_timeout``. Each worker opens its own listeners on the ports (gunicorn's
-``reuse_port``): the kernel deals connections out evenly, and a worker that dies takes its
-listeners out of the group. Each worker writes a byte to a pipe once it serves: the daemon's
-sign that the HTTP API is up, and after that its count of workers started again.
+``graceful_timeout``. :class:`FrontendArbiter` opens a listener per worker on each port, all
+in the port's ``SO_REUSEPORT`` group: the kernel deals connections out evenly among them, and
+each worker accepts on its own. The arbiter keeps them open: a worker that dies (killed, out of
+memory, hung past ``frontend_timeout``) leaves its listeners, and the connections the kernel
+has already dealt them, to its replacement. Were they the worker's own, they would leave the
+group with it and the kernel would reset every connection still waiting in their queues. Each
+worker writes a byte to a pipe once it serves: the daemon's sign that the HTTP API is up, and
+after that its count of workers started again.
 
 gunicorn parses and bounds the request line and each header as bytes arrive (414, 431),
 closes a connection silent for ``frontend_keepalive`` between requests, discards chunked
@@ -25,7 +29,9 @@ version is pinned below 28 (``tests/unit/test_http_arbiter.py`` checks what it r
 from __future__ import annotations
 
 import gc
+import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -33,7 +39,9 @@ from http import HTTPStatus
 from typing import Any
 
 from gunicorn import glogging
+from gunicorn import sock as listeners
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
 from gunicorn.asgi.protocol import ASGIProtocol
 from gunicorn.errors import HaltServer
 from gunicorn.workers.gasgi import ASGIWorker
@@ -342,6 +350,53 @@ class FrontendWorker(ASGIWorker):
         await super()._shutdown()
 
 
+def slot_listeners(cfg: Any, logger: Any) -> list[Any]:
+    """One worker's listeners: a socket per bound address, listening in its port's
+    ``SO_REUSEPORT`` group (the daemon holds each port bound with it: no other socket binds)."""
+    fds: list[int] = []
+    try:
+        for host, port in cfg.address:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as raw:
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                raw.bind((host, port))
+                fds.append(raw.detach())
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return listeners.create_sockets(cfg, logger, fds)  # gunicorn's, listening with its backlog
+
+
+class FrontendArbiter(Arbiter):
+    """gunicorn's arbiter, holding every worker's listeners (see the module). A worker's
+    listeners are its slot's: the replacement of a worker that died takes the slot it left."""
+
+    def start(self) -> None:
+        self.slots = [slot_listeners(self.cfg, self.log) for _ in range(self.num_workers)]
+        self.LISTENERS = [lnr for slot in self.slots for lnr in slot]  # closed by a stop
+        super().start()
+
+    def give_slot(self, worker: Any) -> None:
+        """Before a worker's fork: the listeners of a slot no live worker holds."""
+        taken = {getattr(other, "slot", None) for other in self.WORKERS.values()}
+        free = [n for n in range(len(self.slots)) if n not in taken]
+        if not free:  # more workers than at the start (gunicorn's TTIN): a slot more
+            self.slots.append(slot_listeners(self.cfg, self.log))
+            self.LISTENERS.extend(self.slots[-1])
+            free = [len(self.slots) - 1]
+        worker.slot = free[0]
+        worker.sockets = self.slots[worker.slot]
+
+    def drop_other_slots(self, worker: Any) -> None:
+        """In a worker after its fork: the other slots' listeners closed, so that one it never
+        accepts on is held by the arbiter and its own worker alone."""
+        for lnr in self.LISTENERS:
+            if lnr not in worker.sockets:
+                lnr.close()
+
+
 class FrontendLogger(glogging.Logger):
     """gunicorn's own log lines (worker starts, exits, timeouts) in mservd's log format."""
 
@@ -360,7 +415,11 @@ class FrontendServer(BaseApplication):
         spec = self.spec
         settings = {
             "bind": spec.binds,
-            "reuse_port": True,  # each worker its own listeners: see the module
+            # FrontendArbiter opens the listeners, in SO_REUSEPORT groups, and deals them out
+            # to the workers: gunicorn's reuse_port would have each worker open its own
+            "reuse_port": False,
+            "pre_fork": lambda arbiter, worker: arbiter.give_slot(worker),
+            "post_fork": lambda arbiter, worker: arbiter.drop_other_slots(worker),
             "workers": spec.workers,
             "worker_class": "mservd.frontends.http.arbiter.FrontendWorker",
             "asgi_loop": "uvloop",
@@ -382,6 +441,9 @@ class FrontendServer(BaseApplication):
         }
         for key, value in settings.items():
             self.cfg.set(key, value)
+
+    def run(self) -> None:
+        FrontendArbiter(self).run()
 
     def load(self) -> Any:
         from mservd.frontends.http.app import FrontendApp
