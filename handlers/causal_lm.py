@@ -74,7 +74,10 @@ class CausalLM:
         ignore_eos: bool
         generator: torch.Generator | None
         generated: list[int] = field(default_factory=list)
-        text: str = ""
+        text: str = ""  # the generated tokens' text so far
+        sent: int = 0  # how much of it the client has (the rest may begin a stop string)
+        prefix_offset: int = 0  # the tokens decoded again with the new ones, for their spacing
+        read_offset: int = 0  # the tokens whose text is in ``text``
         finish_reason: str | None = None
         next_token: int = 0  # the token the next decoding step feeds in
         position: int = 0  # its position
@@ -391,29 +394,45 @@ class CausalLM:
 
     def advance(self, rid: str, seq: CausalLM.Sequence,
                 logits: torch.Tensor) -> CausalLM.TextDelta:
-        """Pick the next token, and say what text it adds and whether the sequence ends."""
+        """Pick the next token, and say what text it adds and whether the sequence ends.
+
+        The text a stop string ends is cut exactly before it, even where the string spans
+        tokens: text that may begin a stop string is held back until the next tokens say
+        whether it does."""
         token = self.pick(seq, logits)
         seq.next_token = token
         if token in self.eos and not seq.ignore_eos:
             seq.finish_reason = "stop"
-            return self.TextDelta.make("", seq)
+            return self.TextDelta.make(release(seq, len(seq.text)), seq)
         seq.generated.append(token)
         self.generated += 1
-        text = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
-        if text.endswith("\ufffd") and len(seq.generated) < seq.max_tokens:
-            delta = ""  # half of a character: wait for the rest of its bytes
-        else:
-            delta, seq.text = text[len(seq.text):], text
-        for stop in seq.stop:
-            at = seq.text.find(stop)
-            if stop and at >= 0:
-                keep = max(0, at - (len(seq.text) - len(delta)))
-                delta, seq.text = delta[:keep], seq.text[:at]
-                seq.finish_reason = "stop"
-                return self.TextDelta.make(delta, seq)
-        if len(seq.generated) >= seq.max_tokens:
+        last = len(seq.generated) >= seq.max_tokens
+        checked = max(0, seq.sent - max((len(stop) for stop in seq.stop), default=0))
+        seq.text += self.detokenize(seq, last)
+        at = min((found for stop in seq.stop if stop
+                  if (found := seq.text.find(stop, checked)) >= 0), default=-1)
+        if at >= 0:
+            seq.text = seq.text[:at]
+            seq.finish_reason = "stop"
+            return self.TextDelta.make(release(seq, at), seq)
+        if last:
             seq.finish_reason = "length"
-        return self.TextDelta.make(delta, seq)
+            return self.TextDelta.make(release(seq, len(seq.text)), seq)
+        return self.TextDelta.make(release(seq, len(seq.text) - held(seq.text, seq.stop)), seq)
+
+    def detokenize(self, seq: CausalLM.Sequence, last: bool) -> str:
+        """The text the newest tokens add, decoding a few tokens, not the whole answer: the
+        tokens decoded last time, again with the new ones, for the spacing between them
+        (vLLM's incremental detokenisation). Half of a character waits for the rest of its
+        bytes, unless ``last``."""
+        tokens = seq.generated
+        before = self.tokenizer.decode(tokens[seq.prefix_offset:seq.read_offset],
+                                       skip_special_tokens=True)
+        now = self.tokenizer.decode(tokens[seq.prefix_offset:], skip_special_tokens=True)
+        if len(now) > len(before) and (last or not now.endswith("\ufffd")):
+            seq.prefix_offset, seq.read_offset = seq.read_offset, len(tokens)
+            return now[len(before):]
+        return ""
 
     @staticmethod
     def pick(seq: CausalLM.Sequence, logits: torch.Tensor) -> int:
@@ -473,6 +492,19 @@ def left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
     shape = list(tensor.shape)
     shape[dim] = missing
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def release(seq: CausalLM.Sequence, upto: int) -> str:
+    """The text from what the client has up to ``upto``, now the client's."""
+    delta = seq.text[seq.sent:upto]
+    seq.sent = max(seq.sent, upto)
+    return delta
+
+
+def held(text: str, stops: list[str]) -> int:
+    """How many characters at the end of ``text`` may be the start of a stop string."""
+    return max((k for stop in stops for k in range(min(len(stop) - 1, len(text)), 0, -1)
+                if text.endswith(stop[:k])), default=0)
 
 
 def parse_request(row: Any) -> dict[str, Any]:

@@ -4,6 +4,7 @@ budget) and that what one request sends fails that request alone."""
 
 from __future__ import annotations
 
+import uuid
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -52,11 +53,12 @@ def handler(model_dir: Path, **settings: Any) -> tuple[CausalLM, MockContext, li
 def run(lm: CausalLM, context: MockContext, rows: list[Any]) -> dict[str, Any]:
     """Steps until every request ends, as the worker's loop calls them: each request's text,
     or its error."""
-    live = {f"r{i}": row for i, row in enumerate(rows)}
+    run_id = uuid.uuid4().hex[:8]  # request ids are never reused, as a server's are not
+    live = {f"r{i}-{run_id}": row for i, row in enumerate(rows)}
     done: dict[str, Any] = {rid: "" for rid in live}
     for _ in range(500):
         if not live:
-            return done
+            return {rid.split("-")[0]: answer for rid, answer in done.items()}
         ids = list(live)
         context.request_ids = dict(enumerate(ids))
         outputs = lm.handle([live[rid] for rid in ids], context)
@@ -129,3 +131,45 @@ def test_a_failing_sampler_ends_its_sequence_alone(model_dir, monkeypatch) -> No
     assert isinstance(answers["r0"], str) and answers["r0"]
     assert answers["r1"].status == 500 and "the sampler broke" in answers["r1"].message
     assert torch.is_inference_mode_enabled() is False
+
+
+COUNT = [{"role": "user", "content": "Count from 1 to 30, as '1. 1' lines"}]
+
+
+@pytest.mark.parametrize(("stop", "ends"), [("\n6.", "5. 5"), ([". 4"], "3. 3\n4")],
+                         ids=["newline-six-dot", "dot-space-four"])
+def test_a_stop_string_across_tokens_cuts_the_answer_exactly_before_it(model_dir, stop,
+                                                                        ends) -> None:
+    """The answer ended '5. 5\\n6' and '3. 3\\n4. ': the start of the stop string had been
+    sent before its end came."""
+    lm, context, _ = handler(model_dir)
+    answers = run(lm, context, [{"body": {"messages": COUNT, "max_tokens": 60, "stop": stop}},
+                                {"body": {"messages": COUNT, "max_tokens": 60}}])
+    assert answers["r0"].endswith(ends) and answers["r1"].startswith(answers["r0"])
+    assert answers["r1"][len(answers["r0"]):].startswith(stop if isinstance(stop, str)
+                                                         else stop[0])
+
+
+def test_streamed_text_is_the_whole_answers_decoding_with_characters_across_tokens(
+        model_dir) -> None:
+    """Each step decodes a few tokens, not the whole answer again; the pieces still join to
+    what decoding the whole answer gives, a character split over tokens included."""
+    lm, context, _ = handler(model_dir)
+    messages = [{"role": "user", "content": "Répète: «Ça va très bien», puis écris 北京 🎉🎉"}]
+    answer = run(lm, context, [{"body": {"messages": messages, "max_tokens": 40}}])["r0"]
+    ids = lm.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                           return_tensors="pt")["input_ids"]
+    alone = lm.model.generate(ids, max_new_tokens=40, do_sample=False)
+    assert answer == lm.tokenizer.decode(alone[0, ids.shape[1]:], skip_special_tokens=True)
+    assert any(ord(c) > 0xFFFF for c in answer) or any("\u4e00" <= c <= "\u9fff"
+                                                       for c in answer)
+
+
+@pytest.mark.parametrize(("text", "stops", "count"), [
+    ("abc\n6", ["\n6."], 2), ("abc", ["\n6."], 0), ("a. ", [". 4", " x"], 2), ("x", [], 0),
+    ("ab", ["b", "abc"], 2),
+])
+def test_held_is_the_longest_end_that_may_begin_a_stop_string(text, stops, count) -> None:
+    from handlers.causal_lm import held
+
+    assert held(text, stops) == count
