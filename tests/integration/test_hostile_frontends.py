@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import psutil
 import pytest
 import requests
@@ -164,6 +165,19 @@ def handle(data, context):
 '''
 
 
+def grpc_stream(daemon, model: str):
+    """A StreamPredictions call on ``model`` with the inference key: its channel and parts
+    (each read waits at most 30 s)."""
+    from mservd.frontends.grpc.generated import inference_pb2, inference_pb2_grpc
+
+    channel = grpc.insecure_channel(daemon.grpc_address("inference"))
+    stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+    parts = stub.StreamPredictions(
+        inference_pb2.PredictionsRequest(model_name=model, input={"data": b"go"}), timeout=60,
+        metadata=(("authorization", f"Bearer {daemon.key('inference')}"),))
+    return channel, parts
+
+
 @pytest.fixture
 def own_temp(monkeypatch):
     """A temp folder of the test's own for the daemons it starts (their run folders land
@@ -180,7 +194,8 @@ def own_temp(monkeypatch):
 def test_a_killed_daemons_frontends_end_their_streams_and_its_run_folder_goes_at_next_start(
         daemon_factory, store, tmp_path, own_temp) -> None:
     """SIGKILL the daemon mid-stream: the open streams end at once with a 503 error as their
-    last part (a prediction's chunks, the dashboard's events; no silence, no bare cut), the
+    last part (a prediction's chunks, the dashboard's events, a gRPC stream's UNAVAILABLE; no
+    silence, no bare cut), the
     HTTP and gRPC frontends exit, and the next start removes the run folder the killed daemon
     left. Before, the frontends drained for
     drain_timeout with the stream silent, it broke with no error, and the run folder stayed."""
@@ -190,7 +205,8 @@ def test_a_killed_daemons_frontends_end_their_streams_and_its_run_folder_goes_at
     handler.write_text(TRICKLE)
     trickle_store = tmp_path / "store"
     trickle_store.mkdir()
-    write_archive(trickle_store, "trickle", str(handler))
+    write_archive(trickle_store, "trickle", str(handler),  # a worker for each of two streams
+                  config={"minWorkers": 2, "maxWorkers": 2})
     (trickle_store / "echo.mar").write_bytes((store / "echo.mar").read_bytes())
     # drain_timeout long: before, the frontends sat out all of it
     daemon = daemon_factory({"load_models": "trickle.mar", "drain_timeout": 120,
@@ -209,6 +225,8 @@ def test_a_killed_daemons_frontends_end_their_streams_and_its_run_folder_goes_at
                          headers=daemon._headers("management", None))
     events = board.iter_lines()
     assert next(events).startswith(b"data: {")
+    channel, grpc_parts = grpc_stream(daemon, "trickle")
+    assert next(grpc_parts).prediction.startswith(b"part0")
     os.kill(daemon.proc.pid, signal.SIGKILL)
     daemon.proc.wait()
     rest = b"".join(parts)  # ends (no exception: a proper end of the chunked body)
@@ -217,6 +235,12 @@ def test_a_killed_daemons_frontends_end_their_streams_and_its_run_folder_goes_at
     assert error["code"] == 503 and "controller" in error["message"], rest[-300:]
     said = b"\n".join(events)  # the dashboard's stream too ends with an error event
     assert b"event: error" in said and b"controller" in said, said[-300:]
+    with pytest.raises(grpc.RpcError) as ended:  # and a gRPC stream with UNAVAILABLE
+        for _ in grpc_parts:
+            pass
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value
+    assert "controller" in ended.value.details()
+    channel.close()
     gone, alive = psutil.wait_procs(frontends, timeout=60)
     assert not alive, f"frontends outlived their controller: {alive}"
     assert run_folders[0].exists()  # nothing could remove it: the next start does
