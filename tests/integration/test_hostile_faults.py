@@ -32,10 +32,6 @@ SEQ_START = "ts_request_sequence_start"
 SEQ_END = "ts_request_sequence_end"
 ME, OTHER = "127.0.0.1", "127.0.0.2"
 # A sequence is bound to the client address its frontend puts in the request's route
-# (protocol.prediction(client=...)); until the HTTP frontend sends it, no request names its client
-needs_client = pytest.mark.xfail(
-    reason="the HTTP frontend does not yet pass protocol.prediction(client=...) (issue 45 "
-           "item 12): remove this mark once it does", strict=False)
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +183,6 @@ def test_a_clients_own_sequence_start_header_never_reaches_the_handler(daemon) -
     assert add(daemon, ME, 0, {SEQ_ID: sequence, SEQ_END: "true"})[0] == 200
 
 
-@needs_client
 def test_a_sequence_takes_requests_only_from_the_client_that_opened_it(daemon) -> None:
     status, _, body = add(daemon, ME, 1, {SEQ_ID: "mine"})
     assert status == 200 and body["sum"] == 1
@@ -198,7 +193,6 @@ def test_a_sequence_takes_requests_only_from_the_client_that_opened_it(daemon) -
     assert status == 200 and body["sum"] == 2  # untouched by the other client
 
 
-@needs_client
 def test_one_client_cannot_fill_max_num_sequence(daemon) -> None:
     opened = []
     for _ in range(2):  # requests naming no sequence: each opens one; 2 is half of 4

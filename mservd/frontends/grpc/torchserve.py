@@ -14,13 +14,14 @@ import logging
 import uuid
 from collections.abc import Awaitable
 from typing import Any
+from urllib.parse import unquote
 
 import grpc
 
 from mservd import protocol
 from mservd.errors import BadRequest, error_message
 from mservd.frontends.async_bridge import AsyncBridge
-from mservd.frontends.bridge import ControllerGone, request_timeout_ms
+from mservd.frontends.bridge import ControllerGone, client_network, request_timeout_ms
 from mservd.frontends.grpc.errors import status_code
 from mservd.frontends.grpc.generated import (
     inference_pb2,
@@ -58,6 +59,19 @@ def forwarded_metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
         if name != "authorization" and not name.startswith("grpc-") and isinstance(value, str):
             out[name] = value
     return out
+
+
+def peer_client(context: grpc.aio.ServicerContext) -> str | None:
+    """Who sent the call, as a stateful model's sequence counts its client: the peer's host
+    (``ipv4:127.0.0.1:5432`` → ``127.0.0.1``, ``ipv6:[::1]:5432`` → ``::1``'s /64), as the
+    HTTP routes name theirs, so a sequence opened over one goes on over the other."""
+    peer = unquote(context.peer() or "")  # some grpc versions write [::1] as %5B::1%5D
+    kind, _, address = peer.partition(":")
+    if kind == "ipv4":
+        return client_network(address.rpartition(":")[0])
+    if kind == "ipv6":
+        return client_network(address.rpartition(":")[0].strip("[]"))
+    return client_network(peer or None)
 
 
 async def deadline_ms(context: grpc.aio.ServicerContext) -> float | None:
@@ -280,7 +294,8 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
         frames = protocol.prediction(
             rid, request.model_name, request.model_version or None, token,
             protocol.CODEC_TORCHSERVE, [(n, "application/octet-stream") for n in names],
-            headers, [request.input[n] for n in names], timeout_ms=await deadline_ms(context))
+            headers, [request.input[n] for n in names], timeout_ms=await deadline_ms(context),
+            client=peer_client(context))
         return remembering(self.bridge, protocol.API_INFERENCE, token,
                            self.bridge.call(rid, frames, self.reply_timeout, stream))
 

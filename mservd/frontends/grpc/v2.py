@@ -35,6 +35,7 @@ from mservd.frontends.grpc.torchserve import (
     deadline_ms,
     forwarded_metadata,
     metadata_token,
+    peer_client,
     remembering,
 )
 from mservd.frontends.spaced import TooManyQuestions
@@ -239,7 +240,7 @@ class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
         frames = protocol.prediction(
             rid, request.model_name, request.model_version or None, token, protocol.CODEC_V2,
             [("v2", content_type(header_length))], forwarded_metadata(context), [body],
-            timeout_ms=await deadline_ms(context))
+            timeout_ms=await deadline_ms(context), client=peer_client(context))
         reply = await ask(context, remembering(
             self.bridge, protocol.API_INFERENCE, token,
             self.bridge.call(rid, frames, self.reply_timeout)))

@@ -15,6 +15,7 @@ from typing import Any
 from mservd import protocol
 from mservd.errors import MethodNotAllowed, ResourceNotFound
 from mservd.frontends.async_bridge import AsyncBridge
+from mservd.frontends.bridge import client_network
 from mservd.frontends.http import kserve_v1, openai, v2
 from mservd.frontends.http.gateway import Gateway
 from mservd.frontends.http.openapi import inference_api
@@ -82,6 +83,7 @@ class InferenceRoutes:
             return protocol.prediction(
                 rid, model, version, token, protocol.CODEC_TORCHSERVE,
                 [("body", headers.get("content-type", ""))], forwarded_headers(headers), [body],
-                explain=parts[1] == "explanations", timeout_ms=timeout_ms)
+                explain=parts[1] == "explanations", timeout_ms=timeout_ms,
+                client=client_network(request.client))
 
         return await self.gateway.forward(request, frames, stream=True)

@@ -19,6 +19,7 @@ import json
 
 from mservd import protocol
 from mservd.errors import ResourceNotFound
+from mservd.frontends.bridge import client_network
 from mservd.frontends.http.gateway import Gateway
 from mservd.frontends.http.request import (
     KSERVE,
@@ -63,7 +64,8 @@ async def answer(routes: Gateway, request: HttpRequest, path: str) -> Answer:
                 return protocol.prediction(
                     rid, name, None, token, protocol.CODEC_KSERVE_V1,
                     [("body", request.headers.get("content-type", ""))],
-                    forwarded_headers(request.headers), [body], timeout_ms=request.timeout_ms())
+                    forwarded_headers(request.headers), [body], timeout_ms=request.timeout_ms(),
+                    client=client_network(request.client))
 
             return await routes.forward(request, frames, shape=KSERVE)
     raise ResourceNotFound(f"Requested resource is not found: {request.method} {path}. The "

@@ -20,6 +20,7 @@ from typing import Any
 
 from mservd import protocol
 from mservd.errors import BadRequest, ResourceNotFound
+from mservd.frontends.bridge import client_network
 from mservd.frontends.http.gateway import Gateway
 from mservd.frontends.http.request import (
     OPENAI,
@@ -53,7 +54,8 @@ async def answer(routes: Gateway, request: HttpRequest) -> Answer:
         return protocol.prediction(rid, doc["model"], None, routes.token(request),
                                    protocol.CODEC_OPENAI, [(kind, "application/json")],
                                    forwarded_headers(request.headers), [body],
-                                   timeout_ms=request.timeout_ms())
+                                   timeout_ms=request.timeout_ms(),
+                                   client=client_network(request.client))
 
     return as_events(await routes.forward(request, frames, stream=True, shape=OPENAI,
                                           door=False), OPENAI)

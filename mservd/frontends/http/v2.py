@@ -25,6 +25,7 @@ from typing import Any
 
 from mservd import __version__, protocol
 from mservd.errors import BadRequest, ResourceNotFound
+from mservd.frontends.bridge import client_network
 from mservd.frontends.http.gateway import Gateway
 from mservd.frontends.http.request import (
     KSERVE,
@@ -87,7 +88,8 @@ async def answer(routes: Gateway, request: HttpRequest) -> Answer:
                 return protocol.prediction(rid, model, version, token, protocol.CODEC_GENERATE,
                                            [(rest, "application/json")],
                                            forwarded_headers(request.headers), [body],
-                                           timeout_ms=request.timeout_ms())
+                                           timeout_ms=request.timeout_ms(),
+                                           client=client_network(request.client))
 
             return as_events(await routes.forward(request, frames, stream=True, shape=KSERVE),
                              KSERVE)
@@ -130,6 +132,7 @@ async def infer(routes: Gateway, request: HttpRequest, model: str, version: str 
         return protocol.prediction(rid, model, version, token, protocol.CODEC_V2,
                                    [("v2", v2_content_type(length))],
                                    forwarded_headers(request.headers), [body],
-                                   timeout_ms=request.timeout_ms())
+                                   timeout_ms=request.timeout_ms(),
+                                   client=client_network(request.client))
 
     return await routes.forward(request, frames, shape=KSERVE)
