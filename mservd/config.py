@@ -680,8 +680,9 @@ class Settings:
         default=30.0,
         metadata=_meta(
             "frontend_write_timeout",
-            "Seconds an HTTP client may stop reading its answers before its connection is "
-            "closed (answers are not buffered for it meanwhile).",
+            "Seconds an HTTP or gRPC streaming client may stop reading its answers before its "
+            "connection (HTTP) or call (gRPC) is ended (answers are not buffered for it "
+            "meanwhile).",
             _above(0),
         ),
     )

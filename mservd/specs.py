@@ -100,6 +100,7 @@ class GrpcFrontendSpec(Spec):
     drain_timeout: float
     connections: int  # open at once per port (frontend_connections)
     handshake_timeout: float  # seconds to a connection's HTTP/2 settings (and TLS handshake)
+    write_timeout: float = 30.0  # a streaming call's answer left unread (frontend_write_timeout)
     log_level: str = "INFO"
     log_format: str = "plain"
     certificate_file: str = ""  # both set: the two ports serve TLS (enable_grpc_ssl)

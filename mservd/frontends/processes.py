@@ -154,6 +154,7 @@ class Frontends:
             drain_timeout=settings.drain_timeout,
             connections=settings.frontend_connections,
             handshake_timeout=settings.frontend_header_timeout,
+            write_timeout=settings.frontend_write_timeout,
             log_level=settings.log_level,
             log_format=settings.log_format,
             certificate_file=settings.certificate_file if settings.enable_grpc_ssl else "",

@@ -43,7 +43,6 @@ PREDICTIONS = ("/org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictio
                "/org.pytorch.serve.grpc.inference.InferenceAPIsService/StreamPredictions",
                "/org.pytorch.serve.grpc.inference.InferenceAPIsService/StreamPredictions2",
                "/inference.GRPCInferenceService/ModelInfer")
-WRITE_TIMEOUT = 30.0  # frontend_write_timeout's default
 
 
 def _bind(server: grpc.aio.Server, host: str, port: int, what: str,
@@ -55,12 +54,6 @@ def _bind(server: grpc.aio.Server, host: str, port: int, what: str,
         raise OSError(f"Cannot listen on {what} {host}:{port}; is another server using it? "
                       f"Set another {what} in config.properties.")
     return bound
-
-
-def write_timeout(spec: GrpcFrontendSpec) -> float:
-    """Seconds a streaming call's client may leave an answer unread (frontend_write_timeout;
-    its default while the daemon's spec does not carry it)."""
-    return float(getattr(spec, "write_timeout", WRITE_TIMEOUT))
 
 
 async def serve(spec: GrpcFrontendSpec) -> None:
@@ -84,7 +77,7 @@ async def serve(spec: GrpcFrontendSpec) -> None:
     inference = grpc.aio.server(options=options,
                                 interceptors=[*inference_guards, RefuseUndecodable()])
     inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(
-        InferenceAPIs(bridge, timeout, spec.auth, write_timeout(spec)), inference)
+        InferenceAPIs(bridge, timeout, spec.auth, spec.write_timeout), inference)
     grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
         GRPCInferenceService(bridge, timeout, spec.auth), inference)
     management = grpc.aio.server(options=options,
