@@ -161,9 +161,10 @@ def configure_logging(settings: Settings, log_dir: Path, to_stderr: bool) -> Non
 
 
 def hold_port(address: str, what: str) -> socket.socket:
-    """Bind ``address`` and hold its port without listening: the HTTP frontend's workers each
-    listen on it with SO_REUSEPORT (``frontends/http/arbiter.py``), and a socket that does not
-    listen is dealt no connections. Port 0 becomes a free port here, once for all of them."""
+    """Bind ``address`` and hold its port without listening: gunicorn's arbiter listens on it
+    with SO_REUSEPORT, a listener per HTTP worker (``frontends/http/arbiter.py``), and a
+    socket that does not listen is dealt no connections. Port 0 becomes a free port here,
+    once for all of them."""
     _, host, port = parse_address(address)  # http or https: the frontends know which
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # first without SO_REUSEPORT, which would let us share a port another server listens on
