@@ -54,6 +54,9 @@ DEFAULT_PREFILL_TOKENS = 2048  # padded prompt tokens one step may prefill (one 
 DEFAULT_MAX_MESSAGES = 1024
 CHARACTERS_PER_TOKEN = 16  # the default character bound, per token of max_prompt_tokens
 READ_WAIT = 0.05  # seconds a step with nothing to decode waits for a request being read
+MAX_STOPS = 16
+MAX_ROLE_CHARACTERS = 64
+MAX_STOP_CHARACTERS = 256  # each stop string's: every token is matched against them
 # Below it sampling is greedy: logits over 1e-40 overflow float32 to inf, and the sampler
 # raises on what softmax makes of them (any temperature this low picks the likeliest token)
 MIN_TEMPERATURE = 1e-4
@@ -133,6 +136,7 @@ class CausalLM:
         # (the tokenizer's Rust code lets go of the GIL) do not hold up the running sequences
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="causal-lm-read")
         self.reading: dict[str, Future] = {}  # request id -> (sequence, prompt ids), in order
+        self.failed: dict[str, Any] = {}  # request id -> its error, until it leaves the batch
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.pad_id = self.tokenizer.pad_token_id or 0
@@ -156,9 +160,10 @@ class CausalLM:
         just-prefilled one too, when others needed the step)."""
         cache = context.cache
         outputs: dict[str, Any] = {}
-        self.forget((set(self.rows) | set(self.reading)) - set(ids), context)  # gone
+        self.forget((set(self.rows) | set(self.reading) | set(self.failed)) - set(ids),
+                    context)  # gone: finished, failed or cancelled
         for rid, row in zip(ids, data):
-            if rid not in cache and rid not in self.reading:
+            if rid not in cache and rid not in self.reading and rid not in self.failed:
                 self.reading[rid] = self.reader.submit(self.read, row)
         if self.reading and not self.decoding(cache):  # nothing else to do: wait for a read
             wait(self.reading.values(), timeout=READ_WAIT, return_when=FIRST_COMPLETED)
@@ -175,10 +180,13 @@ class CausalLM:
                 before = outputs.get(rid)
                 outputs[rid] = (self.TextDelta.make(before + delta, cache[rid])
                                 if isinstance(before, self.TextDelta) and before else delta)
-        for rid in ids:  # still being read, or finished in an earlier step of a static batch
+        for rid, output in outputs.items():
+            if not isinstance(output, (str, self.TextDelta)):  # its error, kept while it stays
+                self.failed[rid] = output
+        for rid in ids:  # still being read, or ended in an earlier step of a static batch
             if rid not in outputs:
                 outputs[rid] = (self.Pending() if rid in self.reading
-                                else self.TextDelta.make("", cache[rid]))
+                                else self.failed.get(rid) or self.TextDelta.make("", cache[rid]))
         context.stopping_criteria = [self.stopper(rid, cache, self.reading) for rid in ids]
         if self.generated:  # the tokens of this step, for /metrics: TorchServe's metrics API,
             # which adds the ModelName dimension itself (its dimensions are Dimension objects)
@@ -193,12 +201,13 @@ class CausalLM:
     def admit(self, outputs: dict[str, Any]) -> list[tuple[str, Any, torch.Tensor]]:
         """The read requests that join this step, in the order they came, while their prompts
         padded to the longest fit the step's ``prefill_tokens`` (the first always joins); a
-        request that could not be read gets its error in ``outputs``."""
+        request that could not be read gets its error in ``outputs``. One still being read
+        holds up none read after it."""
         joining: list[tuple[str, Any, torch.Tensor]] = []
         width = 0
         for rid, future in list(self.reading.items()):
             if not future.done():
-                break  # in order: a later request does not pass an earlier one
+                continue
             try:
                 seq, prompt = future.result()
             except CausalLM.Refused as exc:
@@ -297,9 +306,10 @@ class CausalLM:
                                    "top_p numbers.") from None
         stop = request.get("stop") or []
         stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or len(stop) > 16 or not all(
-                isinstance(s, str) for s in stop):
-            raise CausalLM.Refused('"stop" must be a string or a list of up to 16 strings.')
+        if not isinstance(stop, list) or len(stop) > MAX_STOPS or not all(
+                isinstance(s, str) and len(s) <= MAX_STOP_CHARACTERS for s in stop):
+            raise CausalLM.Refused(f'"stop" must be a string or a list of up to {MAX_STOPS} '
+                                   f"strings, each of at most {MAX_STOP_CHARACTERS} characters.")
         if max_tokens < 1:
             raise CausalLM.Refused("max_tokens must be at least 1.")
         # a NaN, or a top_p of 0 or less, would make the sampler raise: in the decoding step
@@ -342,6 +352,7 @@ class CausalLM:
         and requests cancelled while they were being read."""
         for rid in gone:
             context.cache.pop(rid, None)
+            self.failed.pop(rid, None)
             reading = self.reading.pop(rid, None)
             if reading is not None:
                 reading.cancel()
@@ -452,13 +463,15 @@ class CausalLM:
         if messages is not None:
             if not isinstance(messages, list) or not all(
                     isinstance(m, dict) and isinstance(m.get("content", ""), str)
-                    for m in messages):
-                raise CausalLM.Refused('"messages" must be a list of {"role", "content"}.')
+                    and len(str(m.get("role", ""))) <= MAX_ROLE_CHARACTERS for m in messages):
+                raise CausalLM.Refused('"messages" must be a list of {"role", "content"}, each '
+                                       f"role of at most {MAX_ROLE_CHARACTERS} characters.")
             if len(messages) > self.max_messages:
                 raise CausalLM.Refused(f'"messages" has {len(messages)} messages; this model '
                                        f"takes at most {self.max_messages} "
                                        "(handler.max_messages).")
-            self.check_characters(sum(len(m.get("content", "")) for m in messages))
+            self.check_characters(sum(len(value) for m in messages for value in m.values()
+                                      if isinstance(value, str)))
             try:
                 encoded = self.tokenizer.apply_chat_template(
                     messages, add_generation_prompt=True, return_tensors="pt")
@@ -503,8 +516,13 @@ def release(seq: CausalLM.Sequence, upto: int) -> str:
 
 def held(text: str, stops: list[str]) -> int:
     """How many characters at the end of ``text`` may be the start of a stop string."""
-    return max((k for stop in stops for k in range(min(len(stop) - 1, len(text)), 0, -1)
-                if text.endswith(stop[:k])), default=0)
+    most = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), most, -1):  # the longest first
+            if text.endswith(stop[:k]):
+                most = k
+                break
+    return most
 
 
 def parse_request(row: Any) -> dict[str, Any]:

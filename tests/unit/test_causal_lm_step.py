@@ -173,3 +173,45 @@ def test_held_is_the_longest_end_that_may_begin_a_stop_string(text, stops, count
     from handlers.causal_lm import held
 
     assert held(text, stops) == count
+
+
+@pytest.mark.parametrize(("row", "words"), [
+    ({"prompt": "Hi", "stop": ["x" * 257]}, "each of at most 256 characters"),
+    ({"messages": [{"role": "r" * 65, "content": "Hi"}]}, "role of at most 64"),
+    ({"messages": [{"role": "user", "content": "Hi", "name": "n" * 200_000}]},
+     "handler.max_prompt_characters"),
+], ids=["long-stop", "long-role", "long-name"])
+def test_every_string_a_request_sends_is_bounded_before_it_is_templated(model_dir, row,
+                                                                       words) -> None:
+    """A 3,000,000-character role was templated and tokenised (2 s) before its tokens were
+    counted; a stop string of 200,000 characters was matched at every token of every step."""
+    lm, context, _ = handler(model_dir)
+    answer = run(lm, context, [{"body": row}])["r0"]
+    assert isinstance(answer, RequestError) and words in answer.message
+
+
+def test_a_static_batch_keeps_a_refused_requests_error_and_reads_it_once(model_dir,
+                                                                         monkeypatch) -> None:
+    """Without continuousBatching one call runs the batch to its end: a refused request stays
+    in it, and was read again (and answered 200 with no text) at every step."""
+    from handlers.mock_context import MockContext
+
+    lm, _, _ = handler(model_dir)
+    lm.continuous = False
+    reads = []
+    read = lm.read
+    monkeypatch.setattr(lm, "read", lambda row: (reads.append(row), read(row))[1])
+    context = MockContext(model_dir=str(model_dir))
+    context.metrics = Counters()
+    context.cache = {}
+    context.request_ids = {0: "good", 1: "bad"}
+    import sys
+    import types
+    sent = []
+    utils = types.ModuleType("ts.handler_utils.utils")
+    utils.send_intermediate_predict_response = lambda outputs, *args: sent.append(outputs)
+    monkeypatch.setitem(sys.modules, "ts.handler_utils.utils", utils)
+    outputs = lm.handle([{"body": {"prompt": "Hi", "max_tokens": 4}},
+                         {"body": {"prompt": "Hi", "top_p": 0}}], context)
+    assert isinstance(outputs[1], RequestError) and outputs[1].status == 400
+    assert len(reads) == 2 and sent  # each read once, over several steps

@@ -37,6 +37,8 @@ MAX_STOPS = 4
 # context mservd serves (a model's own, lower bounds are its handler's, checked in the worker)
 MAX_PROMPT_CHARACTERS = 1_000_000
 MAX_MESSAGES = 1024
+MAX_ROLE_CHARACTERS = 64
+MAX_STOP_CHARACTERS = 256  # each stop string's: the worker matches every token against them
 
 
 async def answer(routes: Gateway, request: HttpRequest) -> Answer:
@@ -86,8 +88,12 @@ def check(kind: str, body: bytes) -> dict[str, Any]:
         if len(messages) > MAX_MESSAGES:
             raise BadRequest(f'"messages" has {len(messages)} messages; at most {MAX_MESSAGES} '
                              "are served.")
-        _characters(sum(len(m["content"]) for m in messages
-                        if isinstance(m.get("content"), str)))
+        if any(len(m["role"]) > MAX_ROLE_CHARACTERS for m in messages):
+            raise BadRequest(f'A message\'s "role" has more than {MAX_ROLE_CHARACTERS} '
+                             "characters; use system, user, assistant, tool or developer.")
+        # every string a chat template may render counts, not only the content
+        _characters(sum(len(value) for m in messages for value in m.values()
+                        if isinstance(value, str)))
     elif not isinstance(doc.get("prompt"), str):
         raise BadRequest('"prompt" is required and must be a string.')
     else:
@@ -105,10 +111,11 @@ def check(kind: str, body: bytes) -> dict[str, Any]:
                                   or (key != "seed" and value < 1)):
             raise BadRequest(f'"{key}" must be a positive integer.')
     stop = doc.get("stop")
-    if stop is not None and not (isinstance(stop, str) or (
-            isinstance(stop, list) and len(stop) <= MAX_STOPS
-            and all(isinstance(s, str) for s in stop))):
-        raise BadRequest(f'"stop" must be a string or a list of at most {MAX_STOPS} strings.')
+    stops = [stop] if isinstance(stop, str) else stop
+    if stop is not None and not (isinstance(stops, list) and len(stops) <= MAX_STOPS and all(
+            isinstance(s, str) and len(s) <= MAX_STOP_CHARACTERS for s in stops)):
+        raise BadRequest(f'"stop" must be a string or a list of at most {MAX_STOPS} strings, '
+                         f"each of at most {MAX_STOP_CHARACTERS} characters.")
     if not isinstance(doc.get("stream", False), bool):
         raise BadRequest('"stream" must be true or false.')
     options = doc.get("stream_options")
