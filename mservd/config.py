@@ -686,6 +686,16 @@ class Settings:
             _above(0),
         ),
     )
+    unknown_token_limit: int = field(
+        default=8,
+        metadata=_meta(
+            "unknown_token_limit",
+            "Unknown bearer tokens one client address (IPv6: its /64) may have waiting for the "
+            "controller's check at once, per frontend process; past it 503 with Retry-After, "
+            "without asking the controller.",
+            _at_least(1),
+        ),
+    )
     frontend_timeout: float = field(
         default=30.0,
         metadata=_meta(

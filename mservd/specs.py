@@ -75,6 +75,7 @@ class HttpFrontendSpec(Spec):
     auth: bool
     max_request_size: int
     reply_timeout: float
+    unknown_token_limit: int = 8  # unknown tokens of one client address waiting at once
     gunicorn: dict[str, Any] = field(default_factory=dict)  # gunicorn's own settings, as named
     cors: dict[str, str] = field(default_factory=dict)  # CORS headers every answer carries
     tls_ports: list[int] = field(default_factory=list)  # served over TLS with the two files:
@@ -101,6 +102,7 @@ class GrpcFrontendSpec(Spec):
     connections: int  # open at once per port (frontend_connections)
     handshake_timeout: float  # seconds to a connection's HTTP/2 settings (and TLS handshake)
     write_timeout: float = 30.0  # a streaming call's answer left unread (frontend_write_timeout)
+    unknown_token_limit: int = 8  # unknown tokens of one client address waiting at once
     log_level: str = "INFO"
     log_format: str = "plain"
     certificate_file: str = ""  # both set: the two ports serve TLS (enable_grpc_ssl)

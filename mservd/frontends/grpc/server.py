@@ -68,7 +68,7 @@ async def serve(spec: GrpcFrontendSpec) -> None:
                # ends its TLS handshake) closed at the deadline, not gRPC's 120 s
                ("grpc.max_allowed_incoming_connections", spec.connections),
                ("grpc.server_handshake_timeout_ms", round(spec.handshake_timeout * 1000))]
-    bridge = AsyncBridge(spec.controller)
+    bridge = AsyncBridge(spec.controller, spec.unknown_token_limit)
     timeout = spec.reply_timeout
     inference_guards, management_guards = [], []
     if spec.auth:  # a stranger's call is refused before its message is read

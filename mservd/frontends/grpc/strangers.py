@@ -9,7 +9,8 @@ first), as the HTTP frontends ask before a body; a refused call gets a handler t
 reads its message (``AsyncBridge.refusal``: tokens accepted lately are taken without asking,
 and the servicers keep a key holder's fresh with each answer, as the HTTP frontends do). The
 controller still checks each call itself. A call with two ``authorization`` entries, on any
-method, is refused UNAUTHENTICATED: :func:`call_token` is the one reading of a call's key.
+method, is refused UNAUTHENTICATED: :func:`call_token` is the one reading of a call's key; so
+is a dashboard session offered as the management key (it opens the dashboard alone).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 
 import grpc
 
+from mservd import protocol
+from mservd.auth import SESSION_PREFIX
 from mservd.errors import error_message
 from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import ControllerGone, bearer_token
@@ -60,6 +63,10 @@ class RefuseStrangers(grpc.aio.ServerInterceptor):
         except TwoTokens as exc:  # any method: the guard and the servicer read one entry
             return _refusal(await continuation(details), grpc.StatusCode.UNAUTHENTICATED,
                             str(exc))
+        if self.api == protocol.API_MANAGEMENT and token and token.startswith(SESSION_PREFIX):
+            return _refusal(await continuation(details), grpc.StatusCode.UNAUTHENTICATED,
+                            "Token authorization failed: a dashboard session opens the "
+                            "dashboard alone; send the management key.")
         if self.methods is not None and details.method not in self.methods:
             return await continuation(details)
         try:

@@ -27,11 +27,7 @@ from urllib.parse import unquote_to_bytes
 
 from mservd import protocol
 from mservd.errors import MservdError, NoWorker
-from mservd.frontends.async_bridge import (
-    TOKEN_QUESTION_TIMEOUT,
-    UNKNOWN_TOKEN_LIMIT,
-    AsyncBridge,
-)
+from mservd.frontends.async_bridge import TOKEN_QUESTION_TIMEOUT, AsyncBridge
 from mservd.frontends.bridge import ClientGone, ControllerGone
 from mservd.frontends.http import dashboard, inference, management, metrics
 from mservd.frontends.http.access_log import AccessLog
@@ -60,12 +56,6 @@ MANAGEMENT_THREADS = 32  # management calls in progress at once per process (eac
 # with hundreds of requests in flight outliving the young generation, 10-25 % of their CPU
 # went on collections. At 10,000: none at c=64, ~6 ms each under overload.
 YOUNG_COLLECTION_AFTER = 10_000
-
-
-def unknown_token_limit(spec: HttpFrontendSpec) -> int:
-    """Unknown tokens one client address may have waiting for the controller's check at once
-    (unknown_token_limit; its default while the daemon's spec does not carry it)."""
-    return int(getattr(spec, "unknown_token_limit", UNKNOWN_TOKEN_LIMIT))
 
 
 class BlockingBridge:
@@ -206,7 +196,7 @@ class FrontendApp:
         spec = self.spec
         loop = asyncio.get_running_loop()
         self.access = AccessLog(spec.accesslog, spec.log_format)
-        self.bridge = AsyncBridge(spec.controller, unknown_token_limit(spec))
+        self.bridge = AsyncBridge(spec.controller, spec.unknown_token_limit)
         blocking = BlockingBridge(self.bridge, loop)
         self.threads = concurrent.futures.ThreadPoolExecutor(
             MANAGEMENT_THREADS, thread_name_prefix="http-management")
