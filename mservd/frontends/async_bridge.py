@@ -97,7 +97,8 @@ class AsyncBridge:
         self._leases: HeldLeases | None = None  # workers lent to us, once the reply socket is
         self._watch: asyncio.TimerHandle | None = None  # the next check for hung leased batches
         self._open_questions = SpacedQuestions(self._ask_open_now, "questions anyone may ask",
-                                               per_client={"tokens": unknown_token_limit})
+                                               per_client={"tokens": unknown_token_limit,
+                                                           "metrics": unknown_token_limit})
         # tokens the controller accepted lately, per API: one memory for the whole process
         self._accepted = {protocol.API_INFERENCE: AcceptedTokens(),
                           protocol.API_MANAGEMENT: AcceptedTokens()}

@@ -14,8 +14,9 @@ The questions wait in *lanes* (health, metrics, tokens, the rest), each with its
 MAX_WAITING, and the lanes take turns: a flood of strangers' tokens fills its own lane, and a
 readiness probe waits for at most one question of each other lane, never behind the flood.
 Within a lane the questions of each client (its address) take turns too, and a client may
-have at most ``per_client`` waiting at once (``unknown_token_limit`` for tokens): one address
-cannot spend the lane's share, and past its own bound it is refused at once, unasked.
+have at most ``per_client`` waiting at once (``unknown_token_limit``, for tokens and for
+metrics renderings): one address cannot spend the lane's share, and past its own bound it is
+refused at once, unasked.
 """
 
 from __future__ import annotations

@@ -28,5 +28,8 @@ class MetricsRoutes:
         if request.method != "GET":
             raise MethodNotAllowed("Use GET /metrics.")
         names = sorted(set(parse_qs(request.query).get("name[]", [])))
-        reply = await self.bridge.ask_open("metrics", {"names": names}, None, TIMEOUT)
+        # one address may have a few renderings waiting, not the whole lane: names it makes up
+        # are questions no one shares
+        reply = await self.bridge.ask_open("metrics", {"names": names}, None, TIMEOUT,
+                                           client=request.client)
         return Answer(reply.status, reply.body, reply.content_type)
