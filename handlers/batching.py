@@ -89,8 +89,8 @@ class BatchedHandler(BaseHandler):
             try:
                 results = self.postprocess(
                     self.inference(self.collate([v for _, v in members])))
-            except Exception as exc:  # this group's requests fail; the other groups go on
-                if len(groups) == 1:
+            except Exception as exc:  # this group's requests fail; the others are answered
+                if len(positions) == len(data):  # the whole batch: the worker's failure path
                     raise
                 logger.error("A group of %d requests of model %s failed: %s", len(members),
                              context.model_name, exc, exc_info=exc)
