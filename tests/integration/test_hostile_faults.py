@@ -25,7 +25,9 @@ import requests
 
 MODEL = "steady"
 STEP_SECONDS = 0.2  # the handler's
-RESPONSE_TIMEOUT = 1  # seconds: a generation of 15 tokens takes three times as long
+# seconds: long enough that a loaded CI minute's pause does not pass for a hung step; a
+# generation of 40 tokens takes more than twice as long
+RESPONSE_TIMEOUT = 3
 STATEFUL = "seqsum"
 SEQ_ID = "ts_request_sequence_id"
 SEQ_START = "ts_request_sequence_start"
@@ -138,11 +140,11 @@ def test_a_generation_longer_than_response_timeout_is_answered_and_its_worker_li
         daemon) -> None:
     pids = both_workers_ready(daemon)
     began = time.monotonic()
-    answer = generate(daemon, "generate", "go", 15, timeout=60)  # not streamed: no parts
+    answer = generate(daemon, "generate", "go", 40, timeout=90)  # not streamed: no parts
     took = time.monotonic() - began
     assert answer.status_code == 200, answer.text
     made = tokens(answer.json()["text_output"])
-    assert [n for _, n in made] == list(range(1, 16))
+    assert [n for _, n in made] == list(range(1, 41))
     assert took > 2 * RESPONSE_TIMEOUT  # it did outlast the step bound
     assert made[0][0] in pids and daemon.worker_pids(MODEL) == pids  # no worker was killed
 

@@ -132,6 +132,15 @@ def test_the_dashboards_cookie_is_a_session_that_logout_and_rotation_end(
     as_key = requests.get(daemon.url("management", "/models"), timeout=30,
                           headers={"Authorization": f"Bearer {first_id}"})
     assert as_key.status_code == 401, as_key.text
+    from mservd.frontends.grpc.generated import management_pb2, management_pb2_grpc
+
+    with grpc.insecure_channel(daemon.grpc_address("management")) as channel:
+        with pytest.raises(grpc.RpcError) as refused:  # nor does gRPC management
+            management_pb2_grpc.ManagementAPIsServiceStub(channel).ListModels(
+                management_pb2.ListModelsRequest(), timeout=30,
+                metadata=(("authorization", f"Bearer {first_id}"),))
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "opens the dashboard alone" in refused.value.details()
     # a cookie holding the key itself (the old cookie) opens nothing
     old = requests.get(overview, cookies={"mservd_dashboard": key}, timeout=30)
     assert old.status_code == 401
