@@ -152,3 +152,11 @@ class WorkerDied(MservdError):
     def __init__(self, message: str = "Worker died.") -> None:
         super().__init__(message)
 
+    @classmethod
+    def after_parts(cls) -> WorkerDied:
+        """A request whose worker died after it had streamed parts: never run again, since
+        its client would get those parts twice (a generation replayed from its start)."""
+        return cls("Worker died after this request had streamed part of its answer; it is "
+                   "not run again, since its client would get those parts twice. Send the "
+                   "request again for a whole answer.")
+

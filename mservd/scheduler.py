@@ -722,11 +722,7 @@ def died_running(pending: Pending) -> WorkerDied:
     """The error of a request whose worker died under it. One that had streamed parts is
     never run again: its client would get those parts twice (a generation replayed from its
     start), so its stream ends with this error instead."""
-    if pending.last_part is None:
-        return WorkerDied()
-    return WorkerDied("Worker died after this request had streamed part of its answer; it is "
-                      "not run again, since its client would get those parts twice. Send the "
-                      "request again for a whole answer.")
+    return WorkerDied() if pending.last_part is None else WorkerDied.after_parts()
 
 
 def observe_waits(vm: VersionMetrics, batch: list[Pending], now: float) -> None:

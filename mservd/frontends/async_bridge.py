@@ -274,8 +274,11 @@ class AsyncBridge:
 
     def _deliver_one(self, kind: bytes, rid: bytes, answer: list[bytes]) -> None:
         """Hand ``[kind, rid, head, body]`` to the coroutine awaiting ``rid``."""
-        if kind == protocol.REPLY and self._leases is not None:
-            self._leases.answered(rid)
+        if self._leases is not None:
+            if kind == protocol.REPLY:
+                self._leases.answered(rid)
+            else:
+                self._leases.part_sent(rid)
         waiter = self._waiting.get(rid)
         if waiter is None:
             return  # the client gave up; the answer has nowhere to go

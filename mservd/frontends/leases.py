@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mservd import protocol
+from mservd.errors import WorkerDied
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class HeldLeases:
         self.buffer = bytearray(protocol.JOB_MESSAGE_MAX)
         # rid -> (the worker's jobs socket, the PREDICT message, when it has hung)
         self.sent: dict[bytes, tuple[str, list[bytes], float]] = {}
+        self.streamed: set[bytes] = set()  # of those, the ones that sent their client a part
 
     def __bool__(self) -> bool:
         return bool(self.by_route)
@@ -115,15 +117,28 @@ class HeldLeases:
     def end(self, jobs: str, lost: bool = False) -> list[list[bytes]]:
         """A REVOKE: the lease on ``jobs`` ends. ``lost``: the worker is gone, and so is our
         link to it; the PREDICT messages of the requests sent there and not answered are
-        returned, to be sent to the controller instead."""
+        returned, to be sent to the controller instead, but for those that had streamed a
+        part to their client: run again they would send it twice, so they are answered
+        "Worker died" here, as the controller answers its own."""
         for key, held in list(self.by_route.items()):
             if held.lease.jobs == jobs:
                 del self.by_route[key]
         if not lost:
             return []
         self._close(jobs)
-        again = [rid for rid, (where, _, _) in self.sent.items() if where == jobs]
-        return [self.sent.pop(rid)[1] for rid in again]
+        again = []
+        for rid in [rid for rid, (where, _, _) in self.sent.items() if where == jobs]:
+            if rid in self.streamed:
+                died = protocol.Reply.error(WorkerDied.after_parts()).result(rid)
+                self.deliver([protocol.REPLY, rid, died.head, died.body])
+            else:
+                again.append(self.sent.pop(rid)[1])
+        return again
+
+    def part_sent(self, rid: bytes) -> None:
+        """A part of ``rid``'s answer reached its client."""
+        if rid in self.sent:
+            self.streamed.add(rid)
 
     def overdue(self, now: float) -> dict[str, list[bytes]]:
         """The requests whose worker has not answered in time, by worker (each such lease
@@ -189,6 +204,7 @@ class HeldLeases:
 
     def answered(self, rid: bytes) -> None:
         """The final answer of ``rid`` came: a lease it ran on may take the next batch."""
+        self.streamed.discard(rid)
         if self.sent.pop(rid, None) is None:
             return
         for held in self.by_route.values():

@@ -267,3 +267,27 @@ def test_under_token_authorization_only_a_live_inference_key_goes_to_the_lent_wo
         held.close()
         jobs.close()
         loop.close()
+
+
+def test_a_lost_lease_answers_its_streamed_requests_and_sends_the_silent_ones_again(
+        tmp_path) -> None:
+    """A request that had streamed a part to its client was sent to the controller again when
+    its lent worker died, and run from its start elsewhere: its client got its parts twice."""
+    loop = asyncio.new_event_loop()
+    jobs = Jobs(f"ipc://{tmp_path}/jobs-1.sock")
+    delivered: list[list[bytes]] = []
+    held = HeldLeases(b"ipc://me", loop, delivered.append)
+    try:
+        held.grant(protocol.Lease("m", "1.0", True, jobs.endpoint, 2, 60.0))
+        r1, r2 = request(b"r1"), request(b"r2")
+        assert held.send([r1, r2]) == []
+        held.part_sent(b"r1")
+        assert held.end(jobs.endpoint, lost=True) == [r2]  # only the silent one moves
+        [(kind, rid, head, body)] = delivered
+        assert (kind, rid) == (protocol.REPLY, b"r1")
+        assert protocol.Head.parse(head).status == 500
+        assert b"Worker died after this request had streamed part of its answer" in body
+    finally:
+        held.close()
+        jobs.close()
+        loop.close()
