@@ -30,7 +30,9 @@ padded tokens fit ``prefill_tokens`` (one prompt at the least, so at most
 ``max(prefill_tokens, max_prompt_tokens)`` tokens), and the model's logits are kept for each
 sequence's last position alone (``logits_to_keep``), not for every prompt position.
 
-model-config.yaml ``handler:`` may set ``max_new_tokens`` (the default ``max_tokens``),
+model-config.yaml ``handler:`` may set ``dtype`` (``auto``: the folder's own on a GPU, float32
+on the CPU; or ``float32``, ``bfloat16``, ``float16``), ``max_new_tokens`` (the default
+``max_tokens``),
 ``max_prompt_tokens`` (a prompt's tokens; default the model's context),
 ``max_prompt_characters`` (a prompt's characters before it is tokenised, or of all its
 messages; default 16 per token of ``max_prompt_tokens``), ``max_messages`` (default 1024) and
@@ -55,6 +57,7 @@ DEFAULT_MAX_MESSAGES = 1024
 CHARACTERS_PER_TOKEN = 16  # the default character bound, per token of max_prompt_tokens
 READ_WAIT = 0.05  # seconds a step with nothing to decode waits for a request being read
 MAX_STOPS = 16
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MAX_ROLE_CHARACTERS = 64
 MAX_STOP_CHARACTERS = 256  # each stop string's: every token is matched against them
 # Below it sampling is greedy: logits over 1e-40 overflow float32 to inf, and the sampler
@@ -118,12 +121,13 @@ class CausalLM:
         gpu = properties.get("gpu_id")
         self.device = torch.device(f"cuda:{gpu}" if gpu is not None and torch.cuda.is_available()
                                    else "cpu")
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        self.model.to(self.device).eval()
         config = context.model_yaml_config or {}
         self.continuous = str(config.get("continuousBatching", "")).lower() == "true"
         handler_config = config.get("handler") or {}
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=model_dtype(str(handler_config.get("dtype", "auto")), self.device))
+        self.model.to(self.device).eval()
         self.default_max_tokens = int(handler_config.get("max_new_tokens", DEFAULT_MAX_TOKENS))
         self.context_length = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.max_prompt_tokens = min(self.context_length, int(
@@ -505,6 +509,19 @@ def left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
     shape = list(tensor.shape)
     shape[dim] = missing
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def model_dtype(setting: str, device: torch.device) -> Any:
+    """The weights' dtype for model-config.yaml ``handler.dtype``: ``auto`` (the default) is
+    the folder's own on a GPU (its config's ``dtype``: bf16 or fp16 as users serve them) and
+    float32 on the CPU, where half precision is slower; or ``float32``, ``bfloat16``,
+    ``float16``."""
+    if setting == "auto":
+        return "auto" if device.type == "cuda" else torch.float32
+    if setting not in DTYPES:
+        raise ValueError(f"handler.dtype {setting!r} is not one of auto, "
+                         f"{', '.join(DTYPES)}.")
+    return DTYPES[setting]
 
 
 def release(seq: CausalLM.Sequence, upto: int) -> str:

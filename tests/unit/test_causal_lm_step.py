@@ -215,3 +215,15 @@ def test_a_static_batch_keeps_a_refused_requests_error_and_reads_it_once(model_d
                          {"body": {"prompt": "Hi", "top_p": 0}}], context)
     assert isinstance(outputs[1], RequestError) and outputs[1].status == 400
     assert len(reads) == 2 and sent  # each read once, over several steps
+
+
+def test_dtype_is_float32_on_the_cpu_unless_set(model_dir) -> None:
+    lm, context, _ = handler(model_dir)
+    assert next(lm.model.parameters()).dtype == torch.float32  # auto, on the CPU
+    lm, context, _ = handler(model_dir, dtype="bfloat16")
+    assert next(lm.model.parameters()).dtype == torch.bfloat16
+    answer = run(lm, context, [{"body": {"prompt": "The capital of France is",
+                                         "max_tokens": 4}}])["r0"]
+    assert isinstance(answer, str) and answer
+    with pytest.raises(ValueError, match="handler.dtype 'fp8' is not one of auto, float32"):
+        handler(model_dir, dtype="fp8")

@@ -1,0 +1,49 @@
+"""CUDA generation: the causal LM handler serves SmolLM2 on ``cuda:0`` in bf16 (model-config.yaml
+``handler: {dtype: bfloat16}``, as LLM users serve on GPUs), its greedy answer the tokens
+``generate()`` gives on the same device and dtype. Skipped without an NVIDIA GPU."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+ARCHIVE = REPO / "model_store" / "smollm2.mar"
+HAS_GPU = bool(os.path.isdir("/proc/driver/nvidia/gpus") and os.listdir("/proc/driver/nvidia/gpus"))
+pytestmark = pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (make test-gpu)")
+
+
+class Counters:
+    def add_counter(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def test_bf16_generation_on_the_gpu_gives_what_generate_gives(tmp_path) -> None:
+    from handlers.causal_lm import CausalLM
+    from handlers.mock_context import MockContext
+
+    with zipfile.ZipFile(ARCHIVE) as archive:
+        archive.extractall(tmp_path)
+    context = MockContext(model_dir=str(tmp_path), gpu_id=0)
+    context.model_yaml_config = {"continuousBatching": "true", "handler": {"dtype": "bfloat16"}}
+    context.metrics = Counters()
+    lm = CausalLM()
+    lm.initialize(context)
+    weights = next(lm.model.parameters())
+    assert weights.dtype == torch.bfloat16 and weights.device.type == "cuda"
+    prompt = "The capital of France is"
+    text, rid = "", "bf16-0"
+    for _ in range(100):
+        context.request_ids = {0: rid}
+        [out] = lm.handle([{"body": {"prompt": prompt, "max_tokens": 12}}], context)
+        text += str(out)
+        if context.stopping_criteria[0](out):
+            break
+    ids = lm.tokenizer(prompt, return_tensors="pt")["input_ids"].to(lm.device)
+    alone = lm.model.generate(ids, max_new_tokens=12, do_sample=False)
+    assert text == lm.tokenizer.decode(alone[0, ids.shape[1]:], skip_special_tokens=True)
