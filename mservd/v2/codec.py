@@ -16,6 +16,7 @@ import json
 import math
 import struct
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -73,8 +74,11 @@ class InferRequest:
 
 # -- decoding ------------------------------------------------------------------------------
 
-def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
-    """Parse an infer request body; ``header_length`` is Inference-Header-Content-Length."""
+def decode_request(body: bytes, header_length: int | None = None,
+                   check: Callable[[str, str, list[int]], None] | None = None) -> InferRequest:
+    """Parse an infer request body; ``header_length`` is Inference-Header-Content-Length.
+    ``check`` (name, datatype, shape) may refuse an input before its data are decoded: a
+    tensor the model does not take costs no conversion of its elements."""
     if header_length is None:
         header_length = len(body)
     if header_length < 0 or header_length > len(body):
@@ -98,7 +102,7 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     inputs = []
     offset = 0
     for item in inputs_doc:
-        tensor, used = _decode_input(item, raw, offset)
+        tensor, used = _decode_input(item, raw, offset, check)
         offset += used
         inputs.append(tensor)
     if offset != len(raw):
@@ -119,7 +123,8 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     return InferRequest(None if rid is None else str(rid), parameters, inputs, outputs)
 
 
-def _decode_input(item: Any, raw: memoryview, offset: int) -> tuple[Tensor, int]:
+def _decode_input(item: Any, raw: memoryview, offset: int,
+                  check: Callable[[str, str, list[int]], None] | None) -> tuple[Tensor, int]:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise V2Error(f"Input {item!r} is not an object with a name.")
     name = item["name"]
@@ -132,6 +137,8 @@ def _decode_input(item: Any, raw: memoryview, offset: int) -> tuple[Tensor, int]
             or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
         raise V2Error(f"Input {name!r} has shape {shape!r}; a shape is a list of "
                       "non-negative integers.")
+    if check is not None:
+        check(name, datatype, shape)
     params = item.get("parameters") or {}
     count = math.prod(shape)
     size = params.get("binary_data_size") if isinstance(params, dict) else None

@@ -86,7 +86,8 @@ def decode_row(content_type_value: str, payload: bytes,
 def _decode_row(content_type_value: str, payload: bytes,
                 meta: ModelMetadata) -> tuple[dict[str, Any], V2Call]:
     _, header_length = parse_content_type(content_type_value)
-    request = decode_request(payload, header_length)
+    request = decode_request(payload, header_length, lambda name, datatype, shape:
+                             _check_declared(meta, name, datatype, shape))
     _check_inputs(request, meta)
     squeezed = all(len(t.shape) >= 1 and t.shape[0] == 1 for t in request.inputs)
     row: dict[str, Any] = {}
@@ -97,22 +98,28 @@ def _decode_row(content_type_value: str, payload: bytes,
     return row, V2Call(request, squeezed)
 
 
-def _check_inputs(request: InferRequest, meta: ModelMetadata) -> None:
+def _check_declared(meta: ModelMetadata, name: str, datatype: str, shape: list[int]) -> None:
+    """Refuse an input the model does not declare as it is (its name, datatype, shape)."""
     if not meta.inputs:
         return
-    declared = {spec.name: spec for spec in meta.inputs}
-    for tensor in request.inputs:
-        spec = declared.get(tensor.name)
-        if spec is None:
-            raise V2Error(f"Model has no input {tensor.name!r}; its inputs are "
-                          f"{', '.join(sorted(declared))}.")
-        if tensor.datatype != spec.datatype:
-            raise V2Error(f"Input {tensor.name!r} has datatype {tensor.datatype}, the model "
-                          f"expects {spec.datatype}.")
-        if not spec.accepts_shape(tensor.shape):
-            raise V2Error(f"Input {tensor.name!r} has shape {tensor.shape}, the model expects "
-                          f"{spec.shape}{' (-1: any size)' if -1 in spec.shape else ''}.")
-    missing = set(declared) - {t.name for t in request.inputs}
+    spec = next((s for s in meta.inputs if s.name == name), None)
+    if spec is None:
+        raise V2Error(f"Model has no input {name!r}; its inputs are "
+                      f"{', '.join(sorted(s.name for s in meta.inputs))}.")
+    if datatype != spec.datatype:
+        raise V2Error(f"Input {name!r} has datatype {datatype}, the model expects "
+                      f"{spec.datatype}.")
+    if not spec.accepts_shape(shape):
+        raise V2Error(f"Input {name!r} has shape {shape}, the model expects "
+                      f"{spec.shape}{' (-1: any size)' if -1 in spec.shape else ''}.")
+
+
+def _check_inputs(request: InferRequest, meta: ModelMetadata) -> None:
+    """Every declared input is there (each one sent was checked as it was decoded)."""
+    if not meta.inputs:
+        return
+    declared = {spec.name for spec in meta.inputs}
+    missing = declared - {t.name for t in request.inputs}
     if missing:
         raise V2Error(f"Inputs {', '.join(sorted(missing))} are missing from the request.")
 

@@ -128,3 +128,19 @@ def test_v2_metadata_errors_print_a_huge_entry_shortened() -> None:
         assert len(str(info.value)) < 600
     with pytest.raises(V2Error, match=r"v2.platform \[\[\["):
         from_model_yaml({"v2": {"platform": huge}})
+
+
+def test_an_input_the_model_does_not_take_is_refused_before_its_data_are_decoded() -> None:
+    """3.2 M BYTES elements sent for an FP32 input were all decoded (3 s of the worker) before
+    the datatype was found wrong."""
+    from mservd.v2 import handling, metadata
+
+    meta = metadata.from_model_yaml({"v2": {"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 64]}]}})
+    doc = {"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1, 64],
+                       "data": ["not", "even", "64"]}]}  # data that would not decode
+    with pytest.raises(V2Error, match="has datatype BYTES, the model expects FP32"):
+        handling.decode_row("", json.dumps(doc).encode(), meta)
+    doc["inputs"][0].update(datatype="FP32", shape=[1, 3])
+    with pytest.raises(V2Error, match=r"has shape \[1, 3\], the model expects \[1, 64\]\.$"):
+        handling.decode_row("", json.dumps(doc).encode(), meta)
