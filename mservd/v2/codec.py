@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np

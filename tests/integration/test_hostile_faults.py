@@ -17,7 +17,6 @@ import os
 import signal
 import threading
 import time
-
 from urllib.parse import urlsplit
 
 import pytest

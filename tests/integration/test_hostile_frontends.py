@@ -11,7 +11,6 @@ import os
 import secrets
 import signal
 import threading
-import time
 from pathlib import Path
 
 import grpc
