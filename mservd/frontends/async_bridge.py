@@ -330,7 +330,8 @@ class AsyncBridge:
                 while first[0] != protocol.REPLY:
                     first = await self._next_part(got, timeout)
                 got = first
-        except TimeoutError:
+        except TimeoutError:  # no one waits for it now: its worker stops working on it
+            self._give_up(rid)
             raise ControllerGone(f"No answer from the controller within {timeout:.0f} s.") \
                 from None
         except asyncio.CancelledError:  # the caller gave up (a gRPC client cancelled)

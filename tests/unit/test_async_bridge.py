@@ -188,3 +188,37 @@ def test_a_stream_left_unread_is_cancelled_and_one_that_fails_late_says_so(tmp_p
         ctx.term()
     assert bodies == [b"part", b'{"code": 504}'] and final_status == 504
     assert received.count(protocol.CANCEL) == 1
+
+
+def test_a_call_past_its_reply_timeout_cancels_its_request(tmp_path) -> None:
+    """A frontend that stopped waiting left the request running: a non-streamed generation
+    went on to its end on a worker with no one to answer."""
+    import pytest
+
+    from mservd.frontends.bridge import ControllerGone
+
+    endpoint = f"ipc://{tmp_path}/controller.sock"
+    ctx = zmq.Context()
+    router = controller_socket(ctx, endpoint)
+
+    async def main() -> list[bytes]:
+        bridge = AsyncBridge(endpoint)
+        try:
+            with pytest.raises(ControllerGone, match="No answer from the controller within"):
+                await bridge.call(b"r1", request(b"r1"), 0.2)
+            for _ in range(3000):  # the PREDICT, then (when the call gives up) its CANCEL
+                if router.poll(0):
+                    _, *frames = router.recv_multipart()
+                    if frames[0] == protocol.CANCEL:
+                        return frames
+                await asyncio.sleep(0.001)
+            return []
+        finally:
+            bridge.close()
+
+    try:
+        frames = asyncio.run(main())
+    finally:
+        router.close()
+        ctx.term()
+    assert frames == protocol.cancel(b"r1")
