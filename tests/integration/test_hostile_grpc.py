@@ -130,10 +130,12 @@ def test_a_stream_predictions_client_that_never_reads_is_ended_at_the_write_dead
 
 
 # -- item 7: typed v2 contents --------------------------------------------------------------
+# tritonclient's own protos, as a Triton user sends them: ours (the same package,
+# "inference") cannot be loaded beside them in one process, and other tests load theirs
 
 
 def model_infer(daemon, request, key):
-    from mservd.frontends.grpc.generated import grpc_predict_v2_pb2_grpc as pb_grpc
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
     with grpc.insecure_channel(daemon.grpc_address("inference")) as channel:
         return pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, metadata=key,
@@ -141,7 +143,7 @@ def model_infer(daemon, request, key):
 
 
 def bytes_request(shape: list[int], elements: int):
-    from mservd.frontends.grpc.generated import grpc_predict_v2_pb2 as pb
+    from tritonclient.grpc import service_pb2 as pb
 
     request = pb.ModelInferRequest(model_name="tiny")
     item = request.inputs.add(name="INPUT0", datatype="BYTES", shape=shape)
@@ -163,7 +165,7 @@ def test_typed_contents_are_counted_against_the_shape_before_any_conversion(
         "Input 'INPUT0' has shape [1], so 1 elements, but contents.bytes_contents holds "
         "3200000; send exactly 1 values, one per element, in row-major order.")
     assert spent < 2.0, f"refusing it took the frontend {spent:.1f} s of CPU"
-    from mservd.frontends.grpc.generated import grpc_predict_v2_pb2 as pb
+    from tritonclient.grpc import service_pb2 as pb
 
     wildcard = pb.ModelInferRequest(model_name="tiny")
     wildcard.inputs.add(name="INPUT0", datatype="FP32", shape=[1, -1]).contents.fp32_contents \
@@ -179,7 +181,7 @@ def test_typed_contents_that_match_their_shape_are_converted_and_nothing_is_kept
     """A typed request that matches its shape is answered as its raw twin is; a large one is
     converted on a thread, and what a refused one cost is released: before, each refused
     6.4 MB message stayed in the frontend (+120 MiB a call, in the abort's reference cycle)."""
-    from mservd.frontends.grpc.generated import grpc_predict_v2_pb2 as pb
+    from tritonclient.grpc import service_pb2 as pb
 
     values = np.random.default_rng(7).standard_normal(64).astype(np.float32)
     typed = pb.ModelInferRequest(model_name="tiny")
