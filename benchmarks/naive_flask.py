@@ -21,7 +21,7 @@ def create_app(store: Path, names: list[str]):
     from flask import Flask, Response, request
 
     from benchmarks.workloads import LoadedModel
-    from mservd.payload import encode_output
+    from mservd.worker.payload import encode_output
 
     models = {name: LoadedModel(store / f"{name}.mar", batch_size=1) for name in names}
     app = Flask("naive")

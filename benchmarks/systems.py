@@ -261,7 +261,7 @@ class Mservd(System):
             return "grpc frontend"
         if proc.name().startswith("mservd:"):  # a worker forked by the zygote, named by model
             return f"worker {proc.name().removeprefix('mservd:')}"
-        if "mservd.zygote" in cmd:
+        if "mservd.worker.zygote" in cmd:
             return "zygote"
         return proc.name()
 

@@ -75,7 +75,7 @@ class LoadedModel:
 
     def handle(self, bodies: list[bytes], content_type: str) -> list[Any]:
         """decode (as the worker does) -> handle -> the outputs, one per body."""
-        from mservd.payload import decode_input
+        from mservd.worker.payload import decode_input
 
         data = []
         for body in bodies:
@@ -158,7 +158,7 @@ def build_workloads(store: Path, batch_size: int) -> dict[str, ModelWork]:
 def inprocess_limit(archive: Path, work: ModelWork, batch_size: int, seconds: float,
                     threads: int | None = None) -> dict[str, Any]:
     """Requests/s of the handler alone on full batches (decode -> handle -> encode each answer)."""
-    from mservd.payload import encode_output
+    from mservd.worker.payload import encode_output
 
     model = LoadedModel(archive, batch_size, threads)
     batch = [work.bodies[i % len(work.bodies)] for i in range(batch_size)]

@@ -1,7 +1,7 @@
 """The built-in ``text_embedder`` handler: one text in, one embedding (a list of floats) out.
 
 It serves any transformers text encoder whose files (config, weights, tokenizer) are in the
-model directory: an archive's, or a model folder served as it is (``mservd/model_folder.py``).
+model directory: an archive's, or a model folder served as it is (``mservd/controller/model_folder.py``).
 ``initialize`` loads them with ``local_files_only`` and never touches the network. A batch is
 tokenised with padding, run once, pooled and, by default, L2-normalised: what
 sentence-transformers does. A sentence-transformers folder's own files choose the pooling
@@ -17,7 +17,7 @@ The texts of a batch are tokenised without padding, ordered by length and run in
 most ``max_batch_tokens`` padded tokens (model-config.yaml ``handler:``, default 8192), so a
 short text never pays for a long one's padding and one pass's memory is bounded whatever the
 batch holds. How many texts one request may carry is the codec's bound
-(``mservd/codecs/openai.py``: the KServe V1 cap).
+(``mservd/worker/codecs/openai.py``: the KServe V1 cap).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 import sys
 
-from mservd.cli import main
+from mservd.cli.commands import main
 
 sys.exit(main())

@@ -73,7 +73,7 @@ batch whose frontend the worker cannot reach yet, go back in a DONE through the 
 prediction, and the worker shows the job's kind to the handler as TorchServe does (an
 ``explain: True`` header, or ``describe: True`` for a describe call's question, which the
 controller asks itself); a client's own header of either name never reaches the handler.
-A worker that sits idle can be *lent* to a frontend (LEASE, ``mservd/leases.py``): the
+A worker that sits idle can be *lent* to a frontend (LEASE, ``mservd/core/leases.py``): the
 frontend then sends the next requests of that model it reads as a BATCH to the worker's *job
 socket* (``jobs``, bound in the run folder) itself, the worker answers it directly, and the
 controller only hears SERVED afterwards. The job socket is a plain Unix ``SOCK_SEQPACKET``
@@ -142,7 +142,7 @@ DEVICE_MEMORY = "mservd_worker_device_memory_bytes"
 API_INFERENCE = "inference"
 API_MANAGEMENT = "management"
 
-# How a request's payload is read and its answer written, one codec per protocol (mservd/codecs)
+# How a request's payload is read and its answer written, one codec per protocol (mservd/worker/codecs)
 CODEC_TORCHSERVE = "torchserve"  # /predictions, gRPC Predictions: inputs by name
 CODEC_KSERVE_V1 = "kserve-v1"  # {"instances": [...]}: one handler row per instance
 CODEC_V2 = "v2"  # the Open Inference Protocol's infer body, JSON or binary
@@ -194,7 +194,7 @@ class Route:
     client: str | None = None  # who sent it (its address), where its frontend says
 
 
-# TorchServe's headers of a stateful model's sequences (mservd/sequences.py)
+# TorchServe's headers of a stateful model's sequences (mservd/core/sequences.py)
 SEQUENCE_ID = "ts_request_sequence_id"
 SEQUENCE_START = "ts_request_sequence_start"
 SEQUENCE_END = "ts_request_sequence_end"

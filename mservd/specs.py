@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -27,7 +28,7 @@ class Spec:
 
 @dataclass(frozen=True)
 class WorkerSpec(Spec):
-    """A backend worker (``mservd/worker.py``): the model version it serves, and where."""
+    """A backend worker (``mservd/worker/``): the model version it serves, and where."""
 
     worker_id: str
     endpoint: str  # the controller's backend socket
@@ -41,7 +42,7 @@ class WorkerSpec(Spec):
     threads: int | None  # torch threads on CPU: the cores shared among the workers
     model_yaml: dict[str, Any]
     max_response_size: int
-    continuous_batching: bool = False  # run mservd/continuous.py's stepping loop
+    continuous_batching: bool = False  # run mservd/worker/continuous.py's stepping loop
     log_level: str = "INFO"
     log_format: str = "plain"
     install_py_dep_per_model: bool = False
@@ -107,3 +108,17 @@ class GrpcFrontendSpec(Spec):
     log_format: str = "plain"
     certificate_file: str = ""  # both set: the two ports serve TLS (enable_grpc_ssl)
     private_key_file: str = ""
+
+
+# The supervisor and the zygote talk over a Unix SEQPACKET socket pair, one JSON message a
+# packet, a worker's log file descriptor attached to a spawn (mservd/worker/zygote.py lists them)
+ZYGOTE_MESSAGE_MAX = 1 << 20
+
+
+def send_zygote_message(sock: socket.socket, message: dict[str, Any],
+                        fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    if fds:
+        socket.send_fds(sock, [data], fds)
+    else:
+        sock.send(data)

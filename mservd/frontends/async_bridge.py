@@ -10,7 +10,7 @@ controller gave it (below), which the controller can take back at any time.
 
 Beside it the bridge binds a PULL socket, its *reply socket*, in the daemon's run folder, and
 names itself to the controller by that address: workers send their answers there directly
-(``mservd/frontend_links.py``), one process fewer on the way back. Both sockets are read alike.
+(``mservd/worker/frontend_links.py``), one process fewer on the way back. Both sockets are read alike.
 While the controller has lent this frontend an idle worker (``leases.py``), the predictions of
 a turn for its version go to that worker instead, one process fewer on the way there too.
 

@@ -1,4 +1,4 @@
-"""A frontend's side of a lease (``mservd/leases.py``): the idle workers the controller lent
+"""A frontend's side of a lease (``mservd/core/leases.py``): the idle workers the controller lent
 it, and the batches it sent them itself.
 
 The bridge hands every turn's predictions here first (:meth:`HeldLeases.send`); those for a

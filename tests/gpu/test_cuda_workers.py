@@ -55,7 +55,7 @@ def test_each_worker_has_its_own_cuda_context_and_the_zygote_none(daemon) -> Non
     assert all(w["gpu"] for w in workers)
     holders = gpu_pids()
     assert {w["pid"] for w in workers} <= set(holders), holders
-    zygotes = [p.pid for p in daemon.descendants() if "mservd.zygote" in " ".join(p.cmdline())]
+    zygotes = [p.pid for p in daemon.descendants() if "mservd.worker.zygote" in " ".join(p.cmdline())]
     assert zygotes and not set(zygotes) & set(holders)
     assert daemon.proc.pid not in holders  # nor the controller
 

@@ -211,10 +211,9 @@ def test_requests_sent_in_one_message_share_a_batch_and_one_reply_and_a_bad_tail
     import json as _json
 
     import zmq
+    from conftest import grpc_frontend
 
     from mservd import protocol
-
-    from conftest import grpc_frontend
 
     grpc = grpc_frontend(daemon)
     endpoint = _json.loads(grpc.cmdline()[-1])["controller"]

@@ -283,10 +283,9 @@ def test_a_strangers_large_grpc_calls_are_refused_before_their_messages_are_read
     one is refused the same way."""
     import threading
 
+    from conftest import grpc_frontend
 
     from mservd.frontends.grpc.generated import inference_pb2, inference_pb2_grpc
-
-    from conftest import grpc_frontend
 
     frontend = grpc_frontend(daemon)
     peak, done = [frontend.memory_info().rss], threading.Event()
@@ -426,7 +425,6 @@ def test_strangers_v2_metadata_calls_are_spaced_as_over_http(daemon) -> None:
     import time
 
     from conftest import controller_busy_during
-
     from tritonclient.grpc import service_pb2 as pb  # the same protos, as Triton's clients
     from tritonclient.grpc import service_pb2_grpc as pb_grpc
 

@@ -1,4 +1,4 @@
-"""An idle worker lent to a frontend (``mservd/leases.py``), against the real daemon (mostly with
+"""An idle worker lent to a frontend (``mservd/core/leases.py``), against the real daemon (mostly with
 token authorization off, to keep the requests short): requests past the queue are answered and
 counted, only with the live inference key when tokens are checked, and a lease never outlives
 what it stands for — a rotated key, a changed default version, a worker killed or hung

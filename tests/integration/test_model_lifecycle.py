@@ -124,5 +124,5 @@ def test_describe_shows_real_worker_pids_and_settings(daemon) -> None:
         assert abs(started.replace(tzinfo=datetime.timezone.utc).timestamp()
                    - psutil.Process(worker["pid"]).create_time()) < 5  # TorchServe's format
         parent = psutil.Process(worker["pid"]).parent()  # a fork of the zygote
-        assert "mservd.zygote" in " ".join(parent.cmdline())
+        assert "mservd.worker.zygote" in " ".join(parent.cmdline())
         assert worker["memoryUsage"] > 10 * 2**20

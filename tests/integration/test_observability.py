@@ -7,7 +7,6 @@ import re
 
 import psutil
 import requests
-
 from conftest import controller_busy_during, wait_until
 
 

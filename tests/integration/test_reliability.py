@@ -228,7 +228,7 @@ def test_a_latency_target_stops_refusing_clients_that_resend_at_once(daemon_fact
     url = daemon.url("inference", "/predictions/echo")
     headers = {"Authorization": f"Bearer {daemon.key('inference')}"}
     outcomes: list[tuple[float, int]] = []
-    # the rest (CALM, 5 s) begins at 0.5 s at the soonest: the last second of 5.5 lies in it if
+    # the rest (SPIN_REST, 5 s) begins at 0.5 s at the soonest: the last second of 5.5 lies in it if
     # the frontend and the controller both saw the spin within 4.5 s, a slow minute included
     end = time.monotonic() + 5.5
 

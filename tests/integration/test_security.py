@@ -264,10 +264,9 @@ def test_the_controller_picks_the_key_by_verb_and_drops_malformed_frames(daemon)
     import json as _json
 
     import zmq
+    from conftest import grpc_frontend
 
     from mservd import protocol
-
-    from conftest import grpc_frontend
 
     grpc = grpc_frontend(daemon)
     endpoint = _json.loads(grpc.cmdline()[-1])["controller"]

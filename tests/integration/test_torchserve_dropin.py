@@ -474,7 +474,7 @@ def test_requirements_not_installed_without_install_py_dep_per_model(ts_daemon: 
 # --- torchserve --start with a TorchServe config.properties -------------------------------------
 
 def _torchserve(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mservd.torchserve_cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "mservd.cli.torchserve", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, check=False)
 

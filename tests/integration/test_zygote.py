@@ -11,7 +11,7 @@ from conftest import wait_until
 
 def zygote_of(daemon) -> psutil.Process:
     [zygote] = [p for p in psutil.Process(daemon.proc.pid).children()
-                if "mservd.zygote" in " ".join(p.cmdline())]
+                if "mservd.worker.zygote" in " ".join(p.cmdline())]
     return zygote
 
 

@@ -7,7 +7,16 @@ import random
 
 import pytest
 
-from mservd.advisor import BatchCosts, Fit, Measured, advise, curve, fit_line, ladder, next_to_try
+from mservd.core.advisor import (
+    BatchCosts,
+    Fit,
+    Measured,
+    advise,
+    curve,
+    fit_line,
+    ladder,
+    next_to_try,
+)
 
 
 def timings(c: float, m: float, sizes, noise: float = 0.0, seed: int = 1):

@@ -8,8 +8,8 @@ import asyncio
 import zmq
 
 from mservd import protocol
-from mservd.frontend_links import FrontendLinks
 from mservd.frontends.async_bridge import AsyncBridge
+from mservd.worker.frontend_links import FrontendLinks
 
 
 def request(rid: bytes) -> list[bytes]:

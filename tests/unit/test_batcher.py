@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mservd.batcher import Batcher
+from mservd.core.batcher import Batcher
 from mservd.protocol import DESCRIPTION, EXPLANATION, PREDICTION
 
 

@@ -4,8 +4,9 @@ the DONE of the requests that finished in it."""
 from __future__ import annotations
 
 from handlers.context import Context
-from mservd import codecs, protocol
-from mservd.continuous import SequenceTable, step
+from mservd import protocol
+from mservd.worker import codecs
+from mservd.worker.continuous import SequenceTable, step
 
 
 class Outbox:

@@ -11,11 +11,11 @@ import pytest
 
 from mservd import protocol
 from mservd.config import Settings, resolve_model_settings
-from mservd.controller import Controller
+from mservd.controller.loop import Controller
+from mservd.core.registry import ModelVersion
+from mservd.core.worker_handle import WorkerHandle, WorkerState
 from mservd.errors import BadRequest, error_body
 from mservd.protocol import Reply
-from mservd.registry import ModelVersion
-from mservd.worker_handle import Worker, WorkerState
 
 
 class FakeChild:
@@ -51,7 +51,7 @@ def add_version(ctl: Controller, name: str, states: list[WorkerState], **api) ->
                       manifest={"model": {"handler": "h.py"}}, settings=settings, model_yaml={})
     ctl.registry.add(mv)
     for i, state in enumerate(states):
-        worker = Worker(f"{9000 + i}", name, "1.0", FakeChild(), None, mv=mv)
+        worker = WorkerHandle(f"{9000 + i}", name, "1.0", FakeChild(), None, mv=mv)
         worker.state = state
         mv.workers[worker.id] = worker
         ctl.supervisor.workers[worker.identity] = worker
@@ -128,7 +128,7 @@ def test_a_worker_that_does_not_load_in_time_is_killed_and_the_version_says_why(
 def test_the_key_a_verb_needs_is_the_verbs_to_pick() -> None:
     from mservd import protocol
     from mservd.auth import INFERENCE, MANAGEMENT
-    from mservd.controller import key_for
+    from mservd.controller.loop import key_for
 
     # a prediction's token is checked with the inference key, the dashboard's with management
     assert key_for("authorize", protocol.API_INFERENCE) == INFERENCE

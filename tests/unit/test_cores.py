@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from mservd import cores, zygote
+from mservd.worker import cores, zygote
 
 
 @pytest.fixture

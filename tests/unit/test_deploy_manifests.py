@@ -19,7 +19,7 @@ import click
 import pytest
 import yaml
 
-from mservd.cli import port_env_address, start_command
+from mservd.cli.commands import port_env_address, start_command
 from mservd.config import load, parse_address
 
 REPO = Path(__file__).resolve().parents[2]

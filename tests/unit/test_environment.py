@@ -5,13 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from mservd.environment import children_environment
+from mservd.process.environment import children_environment
 
 # PR_GET_DUMPABLE, asked in a fresh interpreter after hide_own_environment
 DUMPABLE_AFTER = """
 import ctypes, os
 os.environ["SECRET_KEY"] = "s3cr3t"
-from mservd.environment import hide_own_environment
+from mservd.process.environment import hide_own_environment
 hide_own_environment({hidden!r})
 print(ctypes.CDLL("libc.so.6").prctl(3, 0, 0, 0, 0))
 """

@@ -13,9 +13,9 @@ import zmq
 from test_async_bridge import controller_socket, request
 
 from mservd import protocol
-from mservd.frontend_links import FrontendLinks
 from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.leases import HeldLeases
+from mservd.worker.frontend_links import FrontendLinks
 
 
 async def received(sock: zmq.Socket, within: float = 5.0) -> list[bytes]:
@@ -27,7 +27,7 @@ async def received(sock: zmq.Socket, within: float = 5.0) -> list[bytes]:
 
 
 class Jobs:
-    """A lent worker's job socket, as ``mservd.worker.JobSocket`` binds it: each message one
+    """A lent worker's job socket, as ``mservd.worker.job_socket.JobSocket`` binds it: each message one
     leased BATCH, answered on the same connection."""
 
     def __init__(self, endpoint: str) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("grpc_tools")
 
-from mservd.frontends.grpc.generate import GENERATED, generate
+from mservd.frontends.grpc.compile_protos import GENERATED, generate
 
 
 def test_grpc_stubs_match_a_fresh_generation(tmp_path) -> None:
@@ -15,6 +15,6 @@ def test_grpc_stubs_match_a_fresh_generation(tmp_path) -> None:
     for path in written:
         committed = GENERATED / path.name
         assert committed.exists(), f"{path.name} is not committed; run " \
-                                   "python -m mservd.frontends.grpc.generate"
+                                   "python -m mservd.frontends.grpc.compile_protos"
         assert committed.read_bytes() == path.read_bytes(), (
-            f"{path.name} differs from its .proto; run python -m mservd.frontends.grpc.generate")
+            f"{path.name} differs from its .proto; run python -m mservd.frontends.grpc.compile_protos")

@@ -16,7 +16,12 @@ import zmq
 
 from mservd import protocol
 from mservd.auth import LOGOUT, MANAGEMENT, SESSION, SESSION_HOURS, SESSION_PREFIX, KeyStore
-from mservd.daemon import RUN_OWNER, make_run_folder, process_start, remove_orphan_run_folders
+from mservd.controller.daemon import (
+    RUN_OWNER,
+    make_run_folder,
+    process_start,
+    remove_orphan_run_folders,
+)
 from mservd.errors import Unauthorized
 from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import ControllerGone, client_network

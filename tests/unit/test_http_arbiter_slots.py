@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from gunicorn.arbiter import Arbiter
 from http_spec import http_frontend_spec
 
-from mservd.daemon import hold_port
+from mservd.controller.daemon import hold_port
 from mservd.frontends.http.arbiter import FrontendArbiter, FrontendServer, slot_listeners
 
 

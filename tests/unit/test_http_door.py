@@ -57,13 +57,13 @@ def test_door_holds_a_controller_refusal_for_a_moment(monkeypatch) -> None:
 
 def test_door_stops_holding_refusals_its_clients_spin_on(monkeypatch) -> None:
     import mservd.frontends.http.shedding as shedding
-    from mservd.spinning import FLOOR, WINDOW
+    from mservd.core.spinning import SPIN_FLOOR, WINDOW
 
     now = [100.0]
     monkeypatch.setattr(shedding.time, "monotonic", lambda: now[0])
     door = Door(0.05)
     door.answered("/predictions/m", None, 503, 0.001, True, b'{"refused": 1}')
-    for _ in range(FLOOR):  # clients resending at once, nothing answered
+    for _ in range(SPIN_FLOOR):  # clients resending at once, nothing answered
         assert door.refusal("/predictions/m") == b'{"refused": 1}'
     now[0] += WINDOW + 0.001
     assert door.refusal("/predictions/m") is None  # through to the controller

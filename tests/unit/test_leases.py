@@ -5,8 +5,8 @@ from __future__ import annotations
 from test_scheduler import ok, route, setup
 
 from mservd import protocol
-from mservd.leases import LONE_BATCHES, RECALL_GRACE, Lend, Recall, Revoke
-from mservd.scheduler import Forward, SendBatch
+from mservd.core.leases import LONE_BATCHES, RECALL_GRACE, Lend, Recall, Revoke
+from mservd.core.scheduler import Forward, SendBatch
 
 RUN = "ipc:///run/mservd"
 F1 = f"{RUN}/reply-1-aa.sock".encode()

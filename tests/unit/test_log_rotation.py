@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mservd.log_rotation import LogRotation, rotate_full_logs
+from mservd.controller.log_rotation import LogRotation, rotate_full_logs
 
 
 def test_a_full_log_is_copied_aside_and_emptied_while_its_writer_appends(tmp_path: Path) -> None:

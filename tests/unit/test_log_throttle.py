@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from mservd.log_throttle import Throttle
+from mservd.frontends.log_throttle import Throttle
 
 
 def _record(template: str, *args: object) -> logging.LogRecord:
@@ -14,7 +14,7 @@ def _record(template: str, *args: object) -> logging.LogRecord:
 def test_each_message_gets_its_own_burst_per_period_and_the_next_says_what_was_held(
         monkeypatch) -> None:
     clock = [100.0]
-    monkeypatch.setattr("mservd.log_throttle.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("mservd.frontends.log_throttle.time.monotonic", lambda: clock[0])
     throttle = Throttle(burst=3, period=10.0)
     passed = [throttle.filter(_record("refused %s", n)) for n in range(8)]
     assert passed == [True] * 3 + [False] * 5

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from mservd.config import Settings
-from mservd.daemon import startup_models
-from mservd.model_folder import FolderError, is_model_folder, read
+from mservd.controller.daemon import startup_models
+from mservd.controller.model_folder import FolderError, is_model_folder, read
 
 
 def make_folder(path: Path, architectures: list[str] | None, *, weights: bool = True,

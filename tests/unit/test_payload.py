@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mservd.payload import InputError, decode_form, decode_input, encode_output
+from mservd.worker.payload import InputError, decode_form, decode_input, encode_output
 
 
 def test_payload_json_is_parsed_text_is_str_and_the_rest_is_bytearray() -> None:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from mservd import snapshot
 from mservd.config import Settings, resolve_model_settings
+from mservd.controller import snapshot
+from mservd.core.registry import ModelVersion, Registry
 from mservd.errors import Forbidden, ModelNotFound
-from mservd.registry import ModelVersion, Registry
 
 
 def version(name: str, v: str, **api) -> ModelVersion:
@@ -70,13 +70,13 @@ def test_snapshot_keeps_only_the_newest_files(tmp_path: Path) -> None:
 
 
 def test_the_largest_batch_advised_under_auto_is_the_live_workers_share_of_what_it_held() -> None:
-    from mservd.advisor import LARGEST_BATCH
-    from mservd.worker_handle import Worker, WorkerState
+    from mservd.core.advisor import LARGEST_BATCH
+    from mservd.core.worker_handle import WorkerHandle, WorkerState
 
     fixed, auto = version("m", "1.0", batch_size=8), version("a", "1.0", batch_size="auto")
     for mv in (fixed, auto):
         for i in range(2):
-            worker = Worker(str(9000 + i), mv.name, "1.0", proc=None, gpu_id=None, mv=mv)
+            worker = WorkerHandle(str(9000 + i), mv.name, "1.0", proc=None, gpu_id=None, mv=mv)
             worker.state = WorkerState.SERVING
             mv.workers[worker.id] = worker
         mv.held.extend([10, 45, 30])

@@ -13,7 +13,7 @@ from PIL import Image
 from sample_archives import load_build_all
 
 import archiver
-from mservd.run_handler import read_input, run_handler_command
+from mservd.cli.run_handler import read_input, run_handler_command
 
 REPO = Path(__file__).resolve().parents[2]
 DIGIT_IMAGES = sorted((REPO / "samples" / "digits" / "images").glob("*.png"))
@@ -120,7 +120,7 @@ def test_run_handler_minilm_text_literals(archives) -> None:
 
 def test_run_handler_runs_as_a_module(archives) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "mservd.run_handler", str(archives("tiny")), TINY_ROW],
+        [sys.executable, "-m", "mservd.cli.run_handler", str(archives("tiny")), TINY_ROW],
         check=False,
         capture_output=True,
         text=True,

@@ -10,11 +10,11 @@ import pytest
 
 from mservd import protocol
 from mservd.config import Settings, resolve_model_settings
+from mservd.core.metrics import Metrics
+from mservd.core.registry import ModelVersion, Registry
+from mservd.core.scheduler import Forward, KillWorker, Refuse, Scheduler, SendBatch
+from mservd.core.worker_handle import WorkerHandle, WorkerState
 from mservd.errors import MservdError
-from mservd.metrics import Metrics
-from mservd.registry import ModelVersion, Registry
-from mservd.scheduler import Forward, KillWorker, Refuse, Scheduler, SendBatch
-from mservd.worker_handle import Worker, WorkerState
 
 FRONTEND = b"frontend-1"
 
@@ -28,7 +28,7 @@ def setup(workers: int = 1, settings: Settings | None = None, model_yaml: dict |
                       manifest={}, settings=model, model_yaml=model_yaml or {})
     registry.add(mv)
     for i in range(workers):
-        worker = Worker(str(9000 + i), "m", "1.0", proc=None, gpu_id=None, mv=mv)
+        worker = WorkerHandle(str(9000 + i), "m", "1.0", proc=None, gpu_id=None, mv=mv)
         worker.state = WorkerState.SERVING
         mv.workers[worker.id] = worker
     return Scheduler(settings, registry, Metrics()), mv
@@ -120,14 +120,14 @@ def test_a_latency_target_sheds_once_the_queue_head_cannot_meet_it() -> None:
 
 
 def test_a_latency_target_stops_shedding_clients_that_resend_at_once() -> None:
-    from mservd.spinning import FLOOR, WINDOW
+    from mservd.core.spinning import SPIN_FLOOR, WINDOW
 
     settings = Settings(models={"m": {"1.0": {"maxLatencyMs": 100}}})
     s, mv = setup(settings=settings, batch_size=1, max_batch_delay=0)
     mv.batch_seconds = 0.04
     s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
     s.submit(FRONTEND, route(b"head", 0.0), [], now=0.0)
-    for n in range(FLOOR):  # a closed loop: each refusal comes straight back
+    for n in range(SPIN_FLOOR):  # a closed loop: each refusal comes straight back
         [refused] = s.submit(FRONTEND, route(b"spin%d" % n, 0.07), [], now=0.07)
         assert "latency target" in refused.error.message
     # refused 32 times in a window that answered nothing: refusing only makes them spin

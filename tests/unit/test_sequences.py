@@ -9,10 +9,10 @@ from test_scheduler import setup as scheduler_setup
 
 from mservd import protocol
 from mservd.config import Settings
-from mservd.registry import ModelVersion
-from mservd.scheduler import Forward, Refuse, Scheduler, SendBatch
-from mservd.sequences import SequenceQueue
-from mservd.worker_handle import WorkerState
+from mservd.core.registry import ModelVersion
+from mservd.core.scheduler import Forward, Refuse, Scheduler, SendBatch
+from mservd.core.sequences import SequenceQueue
+from mservd.core.worker_handle import WorkerState
 
 FRONTEND = b"frontend-1"
 STATEFUL = {"sequenceBatching": True, "batchSize": 4, "maxBatchDelay": 0,

@@ -10,7 +10,7 @@ from http_spec import http_frontend_spec
 
 from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.http.gateway import Gateway
-from mservd.frontends.http.shedding import FLOOR, SHARE, TICK, ModelLimit, Overloaded, Shedder
+from mservd.frontends.http.shedding import LIMIT_FLOOR, SHARE, TICK, ModelLimit, Overloaded, Shedder
 
 
 def run_ticks(loop: asyncio.AbstractEventLoop, ticks: list[float], count: int) -> None:
@@ -149,7 +149,7 @@ def test_clients_spinning_on_refusals_lift_the_limit_for_a_while() -> None:
 def test_a_limit_never_falls_below_its_floor() -> None:
     limit = _run(_fast_model(busy=2), 0.1, grow=2)
     _run(limit, 1.0, answers=1, latency=0.2, busy=40, refused=1)  # 200 a second, all late
-    assert limit.limited == FLOOR
+    assert limit.limited == LIMIT_FLOOR
 
 
 def test_a_slow_model_is_left_to_the_controller() -> None:

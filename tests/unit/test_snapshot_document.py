@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mservd import snapshot
 from mservd.config import Settings, resolve_model_settings
-from mservd.registry import ModelVersion, Registry
+from mservd.controller import snapshot
+from mservd.core.registry import ModelVersion, Registry
 
 
 def version(name: str, yaml: dict) -> ModelVersion:

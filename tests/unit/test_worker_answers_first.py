@@ -7,9 +7,9 @@ import zmq
 
 from handlers.context import Context
 from mservd import protocol
-from mservd.cores import Threads
-from mservd.frontend_links import FrontendLinks
-from mservd.worker import Batches
+from mservd.worker.batches import Batches
+from mservd.worker.cores import Threads
+from mservd.worker.frontend_links import FrontendLinks
 
 
 class Echo:

@@ -6,7 +6,7 @@ import json
 
 from handlers.context import Context
 from mservd import protocol
-from mservd.worker import answer_batch
+from mservd.worker.batches import answer_batch
 
 
 class Echo:
@@ -80,7 +80,7 @@ def test_worker_output_that_cannot_be_encoded_fails_its_own_request_only() -> No
 
 
 def test_worker_names_an_unexpected_decode_failure_by_its_type(monkeypatch) -> None:
-    import mservd.codecs.torchserve as torchserve
+    import mservd.worker.codecs.torchserve as torchserve
 
     def broken(content_type, body):
         raise KeyError("surprise")

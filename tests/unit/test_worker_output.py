@@ -7,7 +7,7 @@ import io
 import json
 import logging
 
-from mservd.worker import TaggedStream
+from mservd.worker.stdout import TaggedStream
 
 
 def test_plain_lines_carry_the_worker_and_its_requests() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mservd.specs import WorkerSpec
-from mservd.zygote import libraries_for
+from mservd.worker.zygote import libraries_for
 
 
 def spec(model_dir: Path, handler: str = "handler.py", **extra) -> WorkerSpec:

@@ -33,7 +33,7 @@ from mservd.frontends.grpc.strangers import RefuseStrangers
 from mservd.frontends.grpc.torchserve import InferenceAPIs, ManagementAPIs
 from mservd.frontends.grpc.undecodable import RefuseUndecodable
 from mservd.frontends.grpc.v2 import GRPCInferenceService
-from mservd.log_format import log_to_stderr
+from mservd.process.log_format import log_to_stderr
 from mservd.specs import GrpcFrontendSpec
 
 log = logging.getLogger("mservd.frontends.grpc")
@@ -85,7 +85,7 @@ async def serve(spec: GrpcFrontendSpec) -> None:
     management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server(
         ManagementAPIs(bridge, spec.auth), management)
     credentials = None
-    if spec.certificate_file:  # enable_grpc_ssl (mservd/tls.py checked the files at start)
+    if spec.certificate_file:  # enable_grpc_ssl (mservd/config/tls.py checked the files at start)
         credentials = grpc.ssl_server_credentials([(
             Path(spec.private_key_file).read_bytes(), Path(spec.certificate_file).read_bytes())])
     inference_port = _bind(inference, host, spec.inference_port, "grpc_inference_port",
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = GrpcFrontendSpec.from_json(argv[0])
     log_to_stderr(spec.log_level, spec.log_format)
     try:
-        from mservd.lifeline import die_with_parent
+        from mservd.process.lifeline import die_with_parent
 
         die_with_parent(signal.SIGTERM)
     except ImportError:

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from mservd.log_throttle import throttled
+from mservd.frontends.log_throttle import throttled
 
 log = throttled("mservd.frontends.grpc")  # a stranger's calls: lines capped per message
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from mservd.log_throttle import throttled
+from mservd.frontends.log_throttle import throttled
 
 log = throttled(__name__)  # a stranger's calls could be slow readers too: lines capped
 _ENDING: set[asyncio.Task] = set()  # calls' statuses being sent: kept until sent

@@ -40,7 +40,7 @@ from mservd.frontends.http.request import (
     origin_path,
     relay,
 )
-from mservd.log_throttle import throttled
+from mservd.frontends.log_throttle import throttled
 from mservd.protocol import Reply
 from mservd.specs import HttpFrontendSpec
 

@@ -46,12 +46,12 @@ from gunicorn.asgi.protocol import ASGIProtocol
 from gunicorn.errors import HaltServer
 from gunicorn.workers.gasgi import ASGIWorker
 
+from mservd.config.tls import server_context
 from mservd.errors import error_body
-from mservd.lifeline import die_with_parent
-from mservd.log_format import formatter, log_to_stderr
-from mservd.log_throttle import throttled
+from mservd.frontends.log_throttle import throttled
+from mservd.process.lifeline import die_with_parent
+from mservd.process.log_format import formatter, log_to_stderr
 from mservd.specs import HttpFrontendSpec
-from mservd.tls import server_context
 
 log = throttled("mservd.frontends.http")  # strangers can make it log: lines capped
 
@@ -307,7 +307,7 @@ class FrontendWorker(ASGIWorker):
         self.connections = {True: 0, False: 0}  # open now: inference port, the others
         self.open: set[FrontendProtocol] = set()
         self.refusals: dict[tuple[bytes, bool], bytes] = {}
-        self.tls_ports = set(spec.tls_ports)  # https:// addresses (mservd/tls.py)
+        self.tls_ports = set(spec.tls_ports)  # https:// addresses (mservd/config/tls.py)
         self.tls = (server_context(spec.certificate_file, spec.private_key_file)
                     if self.tls_ports else None)
 

@@ -1,9 +1,9 @@
 """The live dashboard on the management port: ``GET /dashboard`` and what its page reads.
 
-    GET  /dashboard                  the page (mservd/static/), or a key form answered 401
+    GET  /dashboard                  the page (mservd/frontends/http/dashboard_page/), or a key form answered 401
     POST /dashboard/login            the management key from that form: a session in a cookie
     POST /dashboard/logout           the session ended, the cookie dropped
-    GET  /dashboard/overview         the overview document (mservd/overview.py), for scripts too
+    GET  /dashboard/overview         the overview document (mservd/controller/overview.py), for scripts too
     GET  /dashboard/events           the same document once a second, as server-sent events
     POST /dashboard/actions/scale    {"model", "version", "min_worker"}: the scale verb
     POST /dashboard/actions/set-default  {"model", "version"}: the set-default verb
@@ -240,7 +240,7 @@ class DashboardRoutes:
 
 
 def page(name: str) -> bytes:
-    return resources.files("mservd").joinpath("static", name).read_bytes()
+    return resources.files("mservd.frontends.http").joinpath("dashboard_page", name).read_bytes()
 
 
 def login_form(status: int, problem: str) -> Answer:

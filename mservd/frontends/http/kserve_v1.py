@@ -9,7 +9,7 @@ retrieves one, also under ``/openai/v1``): each answer is one document with both
 KServe client reads ``models``/``name``/``ready`` and an OpenAI client ``object``/``data``/``id``.
 
 Like v2, the predict body is forwarded untouched as one PREDICT input; the worker turns each
-instance into a row of the handler's batch (mservd/codecs/kserve_v1.py). Errors are
+instance into a row of the handler's batch (mservd/worker/codecs/kserve_v1.py). Errors are
 ``{"error": ...}`` (``request.error_shape``).
 """
 

@@ -24,7 +24,7 @@ REGISTER_PARAMS = ("url", "model_name", "handler", "batch_size", "max_batch_dela
 
 
 def create_management_app(bridge: Any, timeout: float, auth: bool) -> Flask:
-    app = Flask("mservd.management")
+    app = Flask("mservd.controller.management")
 
     def call(op: str, args: dict[str, Any]) -> Response:
         token = bearer_token(request.headers.get("Authorization")) if auth else None

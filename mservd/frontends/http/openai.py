@@ -6,7 +6,7 @@
 
 (``GET /v1/models[/{id}]`` is shared with KServe V1: ``kserve_v1.py`` answers both.) The model
 is named in the body, so the body is read and its fields checked here; it then travels as it
-came to the model's worker, whose OpenAI codec (``mservd/codecs/openai.py``) makes the rows and
+came to the model's worker, whose OpenAI codec (``mservd/worker/codecs/openai.py``) makes the rows and
 the answer: server-sent events ending ``data: [DONE]`` when ``stream`` is true. Errors are
 OpenAI's ``{"error": {"message", "type", "param", "code"}}``; overload is 503 with
 ``Retry-After``; the bearer token is checked as for every prediction.

@@ -30,8 +30,8 @@ import json
 import time
 from collections.abc import Callable
 
+from mservd.core.spinning import Spin
 from mservd.errors import MservdError
-from mservd.spinning import Spin
 
 TICK = 0.005  # seconds between lag samples, and between a model limit's moves
 SMOOTHING = 0.1  # weight of the newest sample: one long turn (a burst) is not a backlog
@@ -47,11 +47,11 @@ SERVICE_DRIFT = 0.01  # per second: how fast its quickest answer and its capacit
 CEILING = 1.0  # never more in flight than its capacity answers in this many waits
 ENGAGE = 0.5  # limited only once it has this share of the ceiling in flight
 SHARE = 3  # limited, it may have in flight what it answers in wait / SHARE ...
-FLOOR = 8  # ... but never less than this many
+LIMIT_FLOOR = 8  # ... but never less than this many
 RECOVER = 1.0  # on time while limited, the limit grows by e every this many seconds
 LIFT = 0.5  # seconds with nothing refused: the limit is lifted
-SPIN = 2.0  # refused at this many times its capacity: clients resending at once ...
-CALM = 1.0  # ... and it is not limited for this many seconds
+RESEND_RATIO = 2.0  # refused at this many times its capacity: clients resending at once ...
+RESEND_PAUSE = 1.0  # ... and it is not limited for this many seconds
 IDLE_FADE = 0.9  # per tick with nothing in flight: an idle model's lateness fades
 
 INFINITE = float("inf")
@@ -158,7 +158,7 @@ class ModelLimit:
         # the ceiling holds once answers slow down: while they come quickly, the capacity seen
         # may be only what it was asked for, and a burst onto a quick model is let in
         slowing = self.capacity and self.latency > self.wait / SHARE
-        ceiling = max(FLOOR, CEILING * self.capacity * self.wait) if slowing else INFINITE
+        ceiling = max(LIMIT_FLOOR, CEILING * self.capacity * self.wait) if slowing else INFINITE
         self.allowed = INFINITE if self._exempt() else min(self.limited, ceiling)
 
     def _exempt(self) -> bool:
@@ -169,15 +169,15 @@ class ModelLimit:
 
     def share(self) -> float:
         """Little's law: in flight at its rate for a mean latency of wait / SHARE."""
-        return max(FLOOR, self.rate * self.wait / SHARE)
+        return max(LIMIT_FLOOR, self.rate * self.wait / SHARE)
 
     def _next_limit(self, seconds: float) -> float:
         """Limited or not from here on, and to what (the rules in the module's order)."""
         if self._exempt():
             return INFINITE
         refusals = sum(r for _, r, _ in self._recent)
-        if refusals > SPIN * self.capacity * sum(t for _, _, t in self._recent):
-            self._calm = CALM
+        if refusals > RESEND_RATIO * self.capacity * sum(t for _, _, t in self._recent):
+            self._calm = RESEND_PAUSE
             return INFINITE
         if self.limited == INFINITE:
             busy = self._busy
@@ -190,7 +190,7 @@ class ModelLimit:
         if self._quiet >= LIFT:
             return INFINITE
         if self.latency > self.wait / SHARE:
-            return max(FLOOR, min(self.limited, self.share()))
+            return max(LIMIT_FLOOR, min(self.limited, self.share()))
         return self.limited * (1.0 + seconds / RECOVER)
 
 
@@ -198,7 +198,7 @@ class ModelLimit:
 # request without a deadline of its own), this process refuses that model's requests itself
 # for this long: under overload most refusals then cost one parse here instead of a trip
 # through the controller, which must keep up — unless its clients spin on the refusals
-# (mservd/spinning.py): then it lets them through.
+# (mservd/core/spinning.py): then it lets them through.
 REFUSAL_HOLD = 0.02  # seconds
 MAX_KEPT_BODIES = 256  # refusal bodies kept per process, by (path, limit)
 

@@ -10,7 +10,7 @@ Routes (``{m}`` a model name, ``/versions/{v}`` optional everywhere a model is n
     POST /v2/models/{m}/infer         forwarded as one PREDICT input; the worker decodes it
     POST /v2/models/{m}/generate      Triton's generate extension (a generation model):
     POST /v2/models/{m}/generate_stream  {"text_input", "parameters"} → {"text_output"}, the
-                                      stream as server-sent events (mservd/codecs/generate.py)
+                                      stream as server-sent events (mservd/worker/codecs/generate.py)
 
 The frontend never decodes an infer body: it forwards the bytes with a content type that marks
 them as v2 (and carries Inference-Header-Content-Length), and relays the worker's answer as it

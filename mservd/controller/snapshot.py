@@ -1,0 +1,112 @@
+"""Snapshots of the model registry, so a restarted daemon serves what the last one served.
+
+After each change to the registry the controller writes one JSON file under
+``<log_dir>/config/`` (atomically: a crash, even SIGKILL, leaves the previous snapshot whole).
+At start the newest snapshot that reads cleanly is turned back into register calls; a corrupt
+or partial one is reported and skipped. This module only reads and writes files.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mservd.core.registry import Registry
+
+log = logging.getLogger(__name__)
+
+SUFFIX = "-snapshot.json"
+KEEP = 10
+
+
+def folder(log_dir: Path) -> Path:
+    return log_dir / "config"
+
+
+def capture(registry: Registry) -> dict[str, Any]:
+    """The registry as a snapshot document: what it takes to register it all again."""
+    models: dict[str, Any] = {}
+    for name in registry.names():
+        versions = {}
+        for mv in registry.versions(name):
+            # the handler only when the register call named one: otherwise the archive's own
+            # (rebuilt since, it may name another) is what the restore must use
+            versions[mv.version] = {"url": mv.url, "handler": mv.handler_override,
+                                    **mv.settings_document()}
+        models[name] = {"defaultVersion": registry.default_version(name), "versions": versions}
+    return {"created": dt.datetime.now(dt.timezone.utc).isoformat(), "models": models}
+
+
+def write(log_dir: Path, document: dict[str, Any]) -> Path:
+    target_dir = folder(log_dir)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d%H%M%S%f")
+    path = target_dir / f"{stamp}{SUFFIX}"
+    tmp = target_dir / f".{stamp}.tmp"
+    with open(tmp, "w") as handle:
+        json.dump(document, handle, indent=2)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    for old in sorted(target_dir.glob(f"*{SUFFIX}"))[:-KEEP]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+@dataclass(frozen=True)
+class Restore:
+    """Register calls to replay, the default version of each model, and what was skipped."""
+
+    path: Path | None
+    registrations: list[dict[str, Any]]
+    defaults: dict[str, str]
+    problems: list[str]
+
+
+def load_latest(log_dir: Path) -> Restore:
+    problems: list[str] = []
+    for path in sorted(folder(log_dir).glob(f"*{SUFFIX}"), reverse=True):
+        try:
+            registrations, defaults = _parse(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            message = f"snapshot {path.name} is unreadable ({type(exc).__name__}: {exc}); " \
+                      "trying the one before it"
+            log.error(message)
+            problems.append(message)
+            continue
+        return Restore(path, registrations, defaults, problems)
+    return Restore(None, [], {}, problems)
+
+
+def _parse(document: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    registrations = []
+    defaults = {}
+    for name, model in document["models"].items():
+        if not isinstance(name, str) or not isinstance(model["versions"], dict):
+            raise ValueError(f"model {name!r} is malformed")
+        for entry in model["versions"].values():
+            registrations.append({
+                "url": str(entry["url"]),
+                "model_name": name,
+                "handler": entry.get("handler") or None,
+                "min_worker": int(entry["minWorkers"]),
+                "max_worker": int(entry["maxWorkers"]),
+                "batch_size": _batch_size(entry["batchSize"]),
+                "max_batch_delay": int(entry["maxBatchDelay"]),
+                "response_timeout": int(entry["responseTimeout"]),
+                "startup_timeout": int(entry["startupTimeout"]),
+                "synchronous": "true",
+            })
+        if model.get("defaultVersion"):
+            defaults[name] = str(model["defaultVersion"])
+    return registrations, defaults
+
+
+def _batch_size(value: Any) -> int | str:
+    return "auto" if value == "auto" else int(value)

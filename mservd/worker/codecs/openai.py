@@ -1,0 +1,194 @@
+"""OpenAI's API (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``).
+
+The frontend forwards the JSON body with one input named for the endpoint (``chat``,
+``completion`` or ``embedding``) after checking its fields (``frontends/http/openai.py``). A
+chat or completion request is one row ``{"body": {...}}`` for a generation handler
+(``handlers/causal_lm.py``), which answers each step with a text delta; a streamed request gets
+each delta as a server-sent event and ``data: [DONE]`` at the end, any other gets one answer
+with the whole text. An embedding request is one row per input text. Errors are OpenAI's
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from mservd import protocol
+from mservd.worker.codecs.base import Call, too_large
+from mservd.worker.codecs.kserve_v1 import MIN_INSTANCES_CAP
+
+SSE = "text/event-stream"
+SSE_HEADERS = {"Cache-Control": "no-cache"}
+KINDS = ("chat", "completion", "embedding")
+
+
+class OpenAIError(ValueError):
+    """A body this codec cannot read; its request alone is answered 400."""
+
+
+@dataclass
+class Exchange:
+    """What one OpenAI request needs until its answer is whole."""
+
+    kind: str  # "chat", "completion" or "embedding"
+    model: str
+    stream: bool
+    include_usage: bool
+    id: str
+    created: int
+    text: list[str] = field(default_factory=list)  # the deltas so far, for a whole answer
+    started: bool = False  # a streamed chat has sent its first event (the role)
+
+
+def error_body(status: int, type_: str, message: str) -> bytes:
+    kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
+    return json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                 "code": type_}}).encode()
+
+
+def event(doc: Any) -> bytes:
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+class OpenAICodec:
+    def decode(self, request: protocol.Request, context: Any) -> Call:
+        if len(request.inputs) != 1 or request.inputs[0][0] not in KINDS:
+            raise OpenAIError("An OpenAI request is one JSON body.")
+        kind = request.inputs[0][0]
+        try:
+            doc = json.loads(request.payloads[0])
+        except (ValueError, RecursionError) as exc:
+            raise OpenAIError(f"The body is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise OpenAIError("The body must be a JSON object.")
+        options = doc.get("stream_options") or {}
+        exchange = Exchange(kind, str(doc.get("model", context.model_name)),
+                            bool(doc.get("stream")),
+                            bool(isinstance(options, dict) and options.get("include_usage")),
+                            ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex,
+                            int(time.time()))
+        if kind == "embedding":
+            texts = doc.get("input")
+            texts = [texts] if isinstance(texts, str) else texts
+            if not isinstance(texts, list) or not texts or not all(
+                    isinstance(t, str) for t in texts):
+                raise OpenAIError('"input" must be a string or a list of strings.')
+            cap = max(context.system_properties.get("batch_size") or 1, MIN_INSTANCES_CAP)
+            if len(texts) > cap:  # each text is a row of the handler's batch
+                raise OpenAIError(f'"input" has {len(texts)} texts; a request may carry at '
+                                  f"most {cap} (the model's batch size, or {MIN_INSTANCES_CAP} "
+                                  "if that is smaller). Split it into several requests.")
+            return Call([{"body": text} for text in texts], state=exchange)
+        fields = ("messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop",
+                  "ignore_eos")
+        if kind == "chat":
+            doc.pop("prompt", None)
+        else:
+            doc.pop("messages", None)
+        if "max_completion_tokens" in doc and "max_tokens" not in doc:
+            doc["max_tokens"] = doc["max_completion_tokens"]
+        return Call([{"body": {k: doc[k] for k in fields if k in doc}}], state=exchange)
+
+    def encode_part(self, call: Call, item: Any, context: Any,
+                    limit: int) -> tuple[bytes, bytes] | None:
+        exchange: Exchange = call.state
+        text = str(item)
+        if not exchange.stream:
+            exchange.text.append(text)
+            return None
+        if not text:  # nothing yet: the answer, whose status may yet be an error, waits
+            return None
+        body = event(self._chunk(exchange, text, None))
+        exchange.started = True
+        return protocol.head(200, SSE, SSE_HEADERS), body
+
+    def encode(self, call: Call, outputs: list[Any], context: Any,
+               limit: int) -> tuple[bytes, bytes]:
+        from handlers.errors import RequestError
+
+        exchange: Exchange = call.state
+        for item in outputs:
+            if isinstance(item, RequestError):
+                return self.error(item.status, item.type, item.message)
+        if exchange.kind == "embedding":
+            body = self._embeddings(exchange, outputs)
+            content_type, headers = protocol.JSON, None
+        else:
+            item = outputs[0]
+            reason = getattr(item, "finish_reason", None) or "stop"
+            usage = usage_of(item)
+            if exchange.stream:
+                body = event(self._chunk(exchange, str(item), reason))
+                if exchange.include_usage:
+                    body += event({**self._envelope(exchange), "choices": [], "usage": usage})
+                body += b"data: [DONE]\n\n"
+                content_type, headers = SSE, SSE_HEADERS
+            else:
+                text = "".join(exchange.text) + str(item)
+                body = json.dumps({**self._envelope(exchange, stream=False),
+                                   "choices": [self._choice(exchange, text, reason)],
+                                   "usage": usage}).encode()
+                content_type, headers = protocol.JSON, None
+        if len(body) > limit:
+            return self.error(500, "InternalServerException", too_large(len(body), limit))
+        return protocol.head(200, content_type, headers), body
+
+    def error(self, status: int, type_: str, message: str) -> tuple[bytes, bytes]:
+        return protocol.head(status), error_body(status, type_, message)
+
+    # -- documents ------------------------------------------------------------------------
+
+    @staticmethod
+    def _envelope(exchange: Exchange, stream: bool = True) -> dict[str, Any]:
+        if exchange.kind == "chat":
+            kind = "chat.completion.chunk" if stream else "chat.completion"
+        else:
+            kind = "text_completion"
+        return {"id": exchange.id, "object": kind, "created": exchange.created,
+                "model": exchange.model}
+
+    def _chunk(self, exchange: Exchange, text: str, reason: str | None) -> dict[str, Any]:
+        if exchange.kind == "chat":
+            delta: dict[str, Any] = {"content": text}
+            if not exchange.started:
+                delta = {"role": "assistant", **delta}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        doc = {**self._envelope(exchange), "choices": [choice]}
+        if exchange.include_usage:
+            doc["usage"] = None
+        return doc
+
+    @staticmethod
+    def _choice(exchange: Exchange, text: str, reason: str) -> dict[str, Any]:
+        if exchange.kind == "chat":
+            return {"index": 0, "message": {"role": "assistant", "content": text},
+                    "logprobs": None, "finish_reason": reason}
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+
+    @staticmethod
+    def _embeddings(exchange: Exchange, outputs: list[Any]) -> bytes:
+        data = []
+        for index, vector in enumerate(outputs):
+            if hasattr(vector, "tolist"):
+                vector = vector.tolist()
+            if isinstance(vector, dict):  # a handler answering {"embedding": [...]}
+                vector = vector.get("embedding", vector)
+            data.append({"object": "embedding", "index": index, "embedding": vector})
+        return json.dumps({"object": "list", "data": data, "model": exchange.model,
+                           "usage": {"prompt_tokens": 0, "total_tokens": 0}}).encode()
+
+
+def usage_of(item: Any) -> dict[str, int]:
+    prompt = int(getattr(item, "prompt_tokens", 0) or 0)
+    completion = int(getattr(item, "completion_tokens", 0) or 0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+CODEC = OpenAICodec()
