@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TS_VENV := .venv-torchserve
 
-.PHONY: install samples serve stop test test-gpu bench clean
+.PHONY: install samples serve stop lint test test-gpu bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ serve: samples
 
 stop: $(STAMP)
 	$(BIN)/mservd stop
+
+# The style checks CI runs: ruff's default rules over the tree, mypy over the package
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: samples
 	$(BIN)/python -m pytest -q
