@@ -22,9 +22,10 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import zmq
 

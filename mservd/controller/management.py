@@ -10,33 +10,24 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import shutil
 import time
-import urllib.parse
-import urllib.request
-import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import archiver
-from archiver import ArchiveError, UnpackLimits
-from archiver.manifest import validate_model_name, validate_version
+from archiver import UnpackLimits
 from mservd import protocol
 from mservd.auth import INFERENCE
-from mservd.config import ConfigError, read_model_yaml, resolve_model_settings, to_bool, to_int
-from mservd.controller import model_folder, overview
-from mservd.controller.model_folder import FolderError, is_model_folder
+from mservd.config import to_int
+from mservd.controller import overview
+from mservd.controller.model_store import ModelStore
+from mservd.controller.registration import Registration, flag
 from mservd.controller.waiter import Waiter
 from mservd.core.advisor import advise
 from mservd.core.registry import ModelVersion
 from mservd.errors import (
     BadRequest,
-    Conflict,
     MethodNotAllowed,
-    ModelNotFound,
-    MservdError,
     ResourceNotFound,
 )
 from mservd.protocol import Reply
@@ -85,56 +76,12 @@ log = logging.getLogger(__name__)
 
 Respond = Callable[[Reply], None]
 
-DOWNLOAD_READ_TIMEOUT = 10.0  # seconds one read of a download may wait
-DOWNLOAD_DEADLINE = 120.0  # seconds for a whole download
-
-
-def _removing_on_failure(respond: Respond, fetched: list[Path]) -> Respond:
-    """``respond``, removing the archives in ``fetched`` first if the answer is an error: a
-    download that does not register leaves nothing in the model store."""
-    def answer(reply: Reply) -> None:
-        if reply.status >= 400:
-            for path in fetched:
-                path.unlink(missing_ok=True)
-        respond(reply)
-    return answer
-
-
-class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
-    """Follow a redirect only to an http(s) URL that allowed_urls allows, as the first was."""
-
-    def __init__(self, check: Callable[[str], None]) -> None:
-        self.check = check
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001
-        if urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
-            raise BadRequest(f"URL {req.full_url!r} redirects to {newurl!r}: only http and "
-                             "https are followed.")
-        self.check(newurl)
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
-def _unpack_archive(path: Path, dest: Path,
-                    limits: UnpackLimits) -> tuple[archiver.Manifest, dict[str, Any]]:
-    """Unpack an archive and read its model-config.yaml: both off the controller's loop."""
-    manifest = archiver.unpack(path, dest, limits)
-    model_yaml = read_model_yaml(dest / manifest.config_file) if manifest.config_file else {}
-    return manifest, model_yaml
 
 
 def _iso_millis(when: float) -> str:
     """A UTC time as TorchServe writes a worker's start: ``2023-04-18T00:28:02.086Z``."""
     seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when))
     return f"{seconds}.{int(when * 1000) % 1000:03d}Z"
-
-
-def _flag(value: Any, default: bool) -> bool:
-    if value is None or value == "":
-        return default
-    try:
-        return to_bool(value)
-    except ValueError:
-        raise BadRequest(f"Invalid boolean {value!r}: use true or false.") from None
 
 
 def _int(args: dict[str, Any], key: str, default: int | None = None) -> int | None:
@@ -162,7 +109,8 @@ class Management:
     def __init__(self, controller: ModelService) -> None:
         self.ctl = controller
         self.settings = controller.settings
-        self.store = Path(self.settings.model_store).resolve() if self.settings.model_store else None
+        self.store = ModelStore(self.settings.model_store, self.settings.allowed_urls,
+                                self.settings.max_archive_bytes)
         self.limits = UnpackLimits(max_bytes=self.settings.max_archive_bytes,
                                    max_files=self.settings.max_archive_files)
 
@@ -181,157 +129,10 @@ class Management:
     # -- register -----------------------------------------------------------------------
 
     def op_register(self, args: dict[str, Any], respond: Respond, *, startup: bool = False):
-        url = args.get("url")
-        if not url:
-            raise BadRequest("Parameter url is required: the archive's file name in the model "
-                             "store, e.g. url=resnet18.mar.")
-        synchronous = _flag(args.get("synchronous"), True)
-        api_args = {k: args.get(k) for k in ("batch_size", "max_batch_delay", "initial_workers",
-                                              "response_timeout", "startup_timeout",
-                                              "min_worker", "max_worker")}
-        is_remote = urllib.parse.urlsplit(str(url)).scheme in ("http", "https")
-        ctl = self.ctl
-        fetched: list[Path] = []  # what this call downloaded into the store
-        if is_remote:
-            respond = _removing_on_failure(respond, fetched)
+        Registration(self, args, respond, startup).start()  # answers through respond
 
-        def after_fetch(path: Path) -> None:
-            # reading a .tar.gz's manifest decompresses it: off the loop, like unpacking
-            ctl.submit(archiver.read_manifest, lambda f: after_manifest(f, path), path)
-
-        def after_manifest(future: Future, path: Path) -> None:
-            try:
-                manifest = future.result()
-                name = args.get("model_name") or manifest.model_name
-                validate_model_name(name)
-                version = manifest.model_version
-                validate_version(version)
-            except (ArchiveError, ValueError, OSError) as exc:
-                respond(Reply.error(BadRequest(str(exc))))
-                return
-            key = (name, version)
-            if ctl.registry.has_version(name, version) or key in ctl.loading:
-                respond(Reply.error(Conflict(
-                    f"Model version {version} is already registered for model {name}")))
-                return
-            ctl.loading.add(key)
-            dest = ctl.run_dir / "models" / name / f"{version}-{uuid.uuid4().hex[:8]}"
-            ctl.submit(_unpack_archive, lambda f: after_unpack(f, name, version, dest),
-                       path, dest, self.limits)
-
-        def after_unpack(future: Future, name: str, version: str, dest: Path) -> None:
-            ctl.loading.discard((name, version))
-            try:
-                manifest, model_yaml = future.result()
-            except (ArchiveError, ConfigError, OSError) as exc:
-                shutil.rmtree(dest, ignore_errors=True)
-                respond(Reply.error(BadRequest(str(exc))))
-                return
-            serve(name, version, dest, manifest.to_dict(), model_yaml, owned=True)
-
-        def after_folder(future: Future) -> None:
-            try:
-                folder = future.result()
-            except (FolderError, ConfigError, OSError) as exc:
-                respond(Reply.error(BadRequest(str(exc))))
-                return
-            name, version = folder.name, folder.manifest["model"]["modelVersion"]
-            if ctl.registry.has_version(name, version) or (name, version) in ctl.loading:
-                respond(Reply.error(Conflict(
-                    f"Model version {version} is already registered for model {name}")))
-                return
-            serve(name, version, folder.path, folder.manifest, folder.model_yaml, owned=False)
-
-        def serve(name: str, version: str, model_dir: Path, doc: dict[str, Any],
-                  model_yaml: dict[str, Any], owned: bool) -> None:
-            """Add the version and start its workers; an unpacked copy goes if that fails."""
-            def discard() -> None:
-                if owned:
-                    shutil.rmtree(model_dir, ignore_errors=True)
-
-            try:
-                settings = resolve_model_settings(self.settings, name, version,
-                                                  model_yaml=model_yaml, api=api_args,
-                                                  gpu_count=ctl.gpu_count)
-                self.check_total_workers(settings.min_workers)
-            except (ConfigError, BadRequest) as exc:
-                discard()
-                respond(Reply.error(exc if isinstance(exc, BadRequest) else BadRequest(str(exc))))
-                return
-            if args.get("handler"):
-                doc["model"]["handler"] = args["handler"]
-            if not doc["model"].get("handler"):
-                discard()
-                respond(Reply.error(BadRequest(
-                    f"Archive {url!r} names no handler; pass handler=... or rebuild it with "
-                    "model-archiver --handler.")))
-                return
-            doc["model"]["modelName"] = name
-            mv = ModelVersion(name=name, version=version, url=str(url), model_dir=model_dir,
-                              manifest=doc, settings=settings, model_yaml=model_yaml,
-                              loaded_at_startup=startup, owns_model_dir=owned,
-                              handler_override=args.get("handler") or None)
-            ctl.registry.add(mv, make_default=settings.default_version)
-            ctl.registry_changed()
-            log.info("registered %s version %s from %s (%d workers, batch %d)", name, version,
-                     url, mv.target_workers, settings.batch_size)
-            ctl.reconcile_pools(time.monotonic())
-            done = f'Model "{name}" Version: {version} registered with {mv.target_workers} ' \
-                   "initial workers"
-            if mv.target_workers == 0:  # TorchServe's words for it
-                respond(Reply(200, {"status": f"{done}. Use scale workers API to add workers "
-                                              "for the model."}))
-                return
-            if not synchronous:  # names the version, which `mservd models register` waits for
-                respond(Reply(202, {"status": done}))
-                return
-
-            def check(now: float):
-                if not ctl.registry.has_version(name, version):
-                    mv.load_error = mv.load_error or "the model was unregistered while loading"
-                    return self._failed_register(mv)
-                if ctl.supervisor.is_failed(mv):
-                    return self._failed_register(mv)
-                if mv.live_count() >= mv.target_workers:
-                    return Reply(200, {"status": done})
-                return None
-
-            def timed_out():
-                mv.load_error = mv.load_error or (
-                    f"Workers were not ready within startup_timeout ({settings.startup_timeout} s).")
-                return self._failed_register(mv)
-
-            ctl.wait_for(Waiter(respond, check, time.monotonic() + settings.startup_timeout + 5,
-                                timed_out))
-
-        if is_remote:
-            self._check_allowed(str(url))
-
-            def downloaded(path: Path) -> None:
-                fetched.append(path)
-                after_fetch(path)
-
-            ctl.submit(self._download, lambda f: self._after(f, respond, downloaded), str(url))
-            return None
-        path = self._store_path(str(url), startup)
-        if is_model_folder(path):
-            ctl.submit(model_folder.read, after_folder, path, args.get("model_name"))
-        else:
-            after_fetch(path)
-        return None
-
-    def _after(self, future: Future, respond: Respond, then: Callable[[Path], None]) -> None:
-        try:
-            path = future.result()
-        except MservdError as exc:
-            respond(Reply.error(exc))
-            return
-        except Exception as exc:
-            respond(Reply.error(BadRequest(f"Download failed: {type(exc).__name__}: {exc}")))
-            return
-        then(path)
-
-    def _failed_register(self, mv: ModelVersion):
+    def failed_register(self, mv: ModelVersion) -> Reply:
+        """A register call's 500: its version removed, with why its workers did not start."""
         error = mv.load_error or "the workers exited while loading"
         message = f"Failed to start workers for model {mv.name} version: {mv.version}"
         if self.ctl.registry.has_version(mv.name, mv.version):
@@ -343,70 +144,6 @@ class Management:
                 "message": f"{message}: {first}", "traceback": error}
         return Reply(500, body)
 
-    def _store_path(self, url: str, startup: bool = False) -> Path:
-        """The archive or model folder ``url`` names inside the model store; at start-up (the
-        operator's own --models) an absolute path may also name one anywhere."""
-        if "\x00" in url:
-            raise BadRequest(f"Invalid url {url!r}: it contains a NUL byte.")
-        if url.startswith("file://"):
-            url = urllib.parse.urlsplit(url).path
-        if startup and Path(url).is_absolute():
-            if not Path(url).exists():
-                raise ModelNotFound(f"Model not found: {url}")
-            return Path(url).resolve()
-        if self.store is None:
-            raise BadRequest("No model store is configured; start mservd with --model-store.")
-        candidate = Path(url)
-        if ".." in candidate.parts:
-            raise BadRequest(f"Invalid url {url!r}: '..' is not allowed; name an archive "
-                             "inside the model store.")
-        path = (self.store / candidate).resolve()
-        if not path.is_relative_to(self.store):
-            raise BadRequest(f"Invalid url {url!r}: it points outside the model store "
-                             f"{str(self.store)!r}.")
-        if not path.exists():
-            raise ModelNotFound(f"Model not found in model store: {url}")
-        return path
-
-    def _check_allowed(self, url: str) -> None:
-        patterns = self.settings.allowed_urls
-        if not any(re.fullmatch(p, url) for p in patterns):
-            raise BadRequest(f"URL {url!r} is not allowed: it matches no allowed_urls pattern. "
-                             "Add a pattern to allowed_urls in config.properties to allow it.")
-
-    def _download(self, url: str) -> Path:
-        """Fetch an allowed URL into the model store: http(s) only, every redirect checked
-        against allowed_urls, a size cap, and one deadline for the whole download (it holds
-        the controller's archive thread). Nothing is left in the store if it fails."""
-        if self.store is None:
-            raise BadRequest("No model store is configured to download into.")
-        name = Path(urllib.parse.urlsplit(url).path).name
-        if not name or name.startswith("."):
-            raise BadRequest(f"URL {url!r} names no archive file.")
-        target = self.store / name
-        if target.exists():
-            raise Conflict(f"Archive {name} already exists in the model store.")
-        tmp = target.with_name(f".{name}.{uuid.uuid4().hex[:8]}.part")
-        cap = self.settings.max_archive_bytes
-        deadline = time.monotonic() + DOWNLOAD_DEADLINE
-        opener = urllib.request.build_opener(_CheckedRedirects(self._check_allowed))
-        try:
-            with opener.open(url, timeout=DOWNLOAD_READ_TIMEOUT) as answer, \
-                    open(tmp, "wb") as out:
-                total = 0
-                while chunk := answer.read1(1 << 20):
-                    total += len(chunk)
-                    if total > cap:
-                        raise BadRequest(f"Download of {url!r} passed max_archive_bytes ({cap}).")
-                    if time.monotonic() > deadline:
-                        raise BadRequest(f"Download of {url!r} took longer than "
-                                         f"{DOWNLOAD_DEADLINE:.0f} s.")
-                    out.write(chunk)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        tmp.replace(target)
-        return target
 
     # -- scale, describe, list, unregister, default ---------------------------------------
 
@@ -433,7 +170,7 @@ class Management:
             raise BadRequest(f"max_worker ({max_worker}) is more than max_workers_per_model "
                              f"({cap}).")
         self.check_total_workers(min_worker, besides=mv)
-        synchronous = _flag(args.get("synchronous"), False)
+        synchronous = flag(args.get("synchronous"), False)
         mv.target_workers = min_worker
         mv.max_workers = max_worker
         self.ctl.supervisor.forget(mv)  # a scale call retries a failed model
@@ -475,7 +212,7 @@ class Management:
             versions = registry.versions(name)
         else:
             versions = [registry.get(name, version)]
-        if _flag(args.get("customized"), False) and version != "all":
+        if flag(args.get("customized"), False) and version != "all":
             return self._describe_customized(versions[0], respond)
         return Reply(200, [self.describe(mv) for mv in versions])
 

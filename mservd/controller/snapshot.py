@@ -40,13 +40,13 @@ def capture(registry: Registry) -> dict[str, Any]:
             versions[mv.version] = {"url": mv.url, "handler": mv.handler_override,
                                     **mv.settings_document()}
         models[name] = {"defaultVersion": registry.default_version(name), "versions": versions}
-    return {"created": dt.datetime.now(dt.timezone.utc).isoformat(), "models": models}
+    return {"created": dt.datetime.now(dt.UTC).isoformat(), "models": models}
 
 
 def write(log_dir: Path, document: dict[str, Any]) -> Path:
     target_dir = folder(log_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d%H%M%S%f")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d%H%M%S%f")
     path = target_dir / f"{stamp}{SUFFIX}"
     tmp = target_dir / f".{stamp}.tmp"
     with open(tmp, "w") as handle:

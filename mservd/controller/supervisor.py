@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from mservd.controller.zygote_client import Zygote
 from mservd.core.worker_handle import WorkerHandle, WorkerState

@@ -6,8 +6,8 @@ loop that checks it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from mservd.protocol import Reply
 
