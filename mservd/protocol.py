@@ -95,9 +95,10 @@ A ROUTER prepends the peer's identity frame; the functions here take and return 
 from __future__ import annotations
 
 import json
+import socket
 import struct
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -425,6 +426,30 @@ def parse_job_message(data: bytes | memoryview) -> list[bytes]:
         frames.append(bytes(data[at:at + size]))
         at += size
     return frames
+
+
+def read_job_messages(conn: socket.socket, buffer: bytearray,
+                      dropped: Callable[[ProtocolError], None]) -> Iterator[list[bytes] | None]:
+    """The job messages waiting on a non-blocking SEQPACKET connection, each read when the one
+    before it has been handled, until none waits; ``None`` last once the peer has gone. A
+    malformed message goes to ``dropped`` and is skipped. Both ends of a job socket read so:
+    the worker its leased batches, the frontend their answers."""
+    while True:
+        try:
+            size = conn.recv_into(buffer)
+        except BlockingIOError:
+            return
+        except OSError:
+            size = 0
+        if size == 0:
+            yield None
+            return
+        try:
+            frames = parse_job_message(memoryview(buffer)[:size])
+        except ProtocolError as exc:
+            dropped(exc)
+            continue
+        yield frames
 
 
 def job_endpoint(backend: str, pid: int) -> str | None:

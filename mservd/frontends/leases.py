@@ -91,21 +91,13 @@ class HeldLeases:
 
     def _read(self, jobs: str, link: socket.socket) -> None:
         """Answers the worker sent on ``link``."""
-        while True:
-            try:
-                size = link.recv_into(self.buffer)
-            except BlockingIOError:
-                return
-            except OSError:
-                size = 0
-            if size == 0:  # the worker went (its REVOKE, lost, follows)
+        def dropped(exc: protocol.ProtocolError) -> None:
+            log.error("dropped a malformed answer from the worker at %s: %s", jobs, exc)
+
+        for frames in protocol.read_job_messages(link, self.buffer, dropped):
+            if frames is None:  # the worker went (its REVOKE, lost, follows)
                 self._close(jobs)
                 return
-            try:
-                frames = protocol.parse_job_message(memoryview(self.buffer)[:size])
-            except protocol.ProtocolError as exc:
-                log.error("dropped a malformed answer from the worker at %s: %s", jobs, exc)
-                continue
             self.deliver(frames)
 
     def _close(self, jobs: str) -> None:

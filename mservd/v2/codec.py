@@ -338,3 +338,32 @@ def decode_response(body: bytes, header_length: int | None = None) -> tuple[dict
         tensors.append(Tensor(item["name"], item["datatype"], list(item["shape"]),
                               data.reshape(item["shape"])))
     return doc, tensors
+
+
+# -- how a frontend forwards a v2 infer body to the worker, undecoded -------------------------
+
+CONTENT_TYPE = "application/vnd.mservd.v2"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def content_type(header_length: int | None) -> str:
+    """The input content type a frontend forwards a v2 infer body with."""
+    if header_length is None:
+        return CONTENT_TYPE
+    return f"{CONTENT_TYPE}; header-length={int(header_length)}"
+
+
+def parse_content_type(value: str | None) -> tuple[bool, int | None]:
+    """(is this a v2 body, the JSON header's length or None for an all-JSON body)."""
+    if not value or not value.startswith(CONTENT_TYPE):
+        return False, None
+    length = None
+    for part in value.split(";")[1:]:
+        key, _, raw = part.strip().partition("=")
+        if key == "header-length":
+            try:
+                length = int(raw)
+            except ValueError:
+                raise V2Error(f"Inference-Header-Content-Length {raw!r} is not an integer.") \
+                    from None
+    return True, length

@@ -10,7 +10,7 @@ from typing import Any
 
 from mservd import protocol
 from mservd.worker import codecs
-from mservd.worker.codecs import CODECS, Call
+from mservd.worker.codecs import CODECS, Call, encode_answer
 from mservd.worker.cores import Threads
 from mservd.worker.frontend_links import FrontendLinks
 from mservd.worker.handler_call import call_handler, describe_failure
@@ -87,7 +87,8 @@ def answer_batch(handler, context, requests: list[protocol.Request], max_respons
     for request, codec, call in running:
         mine = outputs[call.first:call.first + len(call.rows)]
         results.append(protocol.Result(request.rid,
-                                       *codec.encode(call, mine, context, max_response_size)))
+                                       *encode_answer(codec, call, mine, context,
+                                                     max_response_size)))
     return results
 
 

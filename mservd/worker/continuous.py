@@ -23,7 +23,7 @@ import zmq
 from mservd import protocol
 from mservd.process.lifeline import parent_changed
 from mservd.worker import codecs
-from mservd.worker.codecs import Call, Codec
+from mservd.worker.codecs import Call, Codec, encode_answer
 from mservd.worker.cores import Threads
 from mservd.worker.handler_call import call_handler, describe_failure
 from mservd.worker.handler_metrics import ship_metrics
@@ -149,7 +149,7 @@ def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: i
             continue
         if stops:
             finished.append(protocol.Result(request.rid,
-                                            *codec.encode(call, [output], context, limit)))
+                                            *encode_answer(codec, call, [output], context, limit)))
             running.leave(request.rid, context)
             continue
         part = codec.encode_part(call, output, context, limit)

@@ -68,26 +68,16 @@ class JobSocket:
 
     def _read(self, fd: int, conn: socket.socket, batches: Batches, poller: zmq.Poller,
               limit: int | None) -> None:
-        done = 0
-        while limit is None or done < limit:
-            try:
-                size = conn.recv_into(self.buffer)
-            except BlockingIOError:
-                return
-            except OSError:
-                size = 0
-            if size == 0:  # the frontend went
+        messages = protocol.read_job_messages(conn, self.buffer, _dropped)
+        for done, frames in enumerate(messages, start=1):
+            if frames is None:  # the frontend went
                 poller.unregister(conn)
                 del self.conns[fd]
                 conn.close()
                 return
-            try:
-                frames = protocol.parse_job_message(memoryview(self.buffer)[:size])
-            except protocol.ProtocolError as exc:
-                log.error("worker dropped a malformed leased message: %s", exc)
-                continue
             batches.leased(frames, conn)
-            done += 1
+            if limit is not None and done >= limit:
+                return
 
     def close(self) -> None:
         for conn in self.conns.values():
@@ -95,3 +85,7 @@ class JobSocket:
         self.listener.close()
         with contextlib.suppress(OSError):
             os.unlink(self.endpoint[len("ipc://"):])
+
+
+def _dropped(exc: protocol.ProtocolError) -> None:
+    log.error("worker dropped a malformed leased message: %s", exc)

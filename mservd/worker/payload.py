@@ -21,7 +21,8 @@ class InputError(ValueError):
 
 
 def media_type(content_type: str | None) -> str:
-    """The bare media type of a Content-Type value, lower-cased: ``text/plain; charset=x`` → ``text/plain``."""
+    """The bare media type of a Content-Type value, lower-cased: ``text/plain; charset=x`` →
+    ``text/plain``."""
     if not content_type:
         return ""
     return content_type.split(";", 1)[0].strip().lower()
@@ -150,10 +151,10 @@ def encode_output(item: Any, content_type: str | None = None) -> tuple[bytes, st
         return bytes(item), content_type or "application/octet-stream"
     if isinstance(item, str):
         return item.encode("utf-8"), content_type or "text/plain; charset=utf-8"
-    return json.dumps(item, default=_json_default).encode("utf-8"), content_type or JSON_TYPE
+    return json.dumps(item, default=json_default).encode("utf-8"), content_type or JSON_TYPE
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
     """Tensors and NumPy values are what handlers most often return by accident."""
     tolist = getattr(value, "tolist", None)
     if callable(tolist):

@@ -19,8 +19,8 @@ from mservd.v2.codec import (
     from_bytes,
     to_bytes,
 )
-from mservd.v2.handling import decode_row, encode_answer
 from mservd.v2.metadata import ModelMetadata, from_model_yaml
+from mservd.worker.codecs.v2_tensors import decode_row, encode_answer
 
 
 def _binary_request(tensors: list[Tensor]) -> tuple[bytes, int]:
@@ -133,14 +133,15 @@ def test_v2_metadata_errors_print_a_huge_entry_shortened() -> None:
 def test_an_input_the_model_does_not_take_is_refused_before_its_data_are_decoded() -> None:
     """3.2 M BYTES elements sent for an FP32 input were all decoded (3 s of the worker) before
     the datatype was found wrong."""
-    from mservd.v2 import handling, metadata
+    from mservd.v2 import metadata
+    from mservd.worker.codecs import v2_tensors
 
     meta = metadata.from_model_yaml({"v2": {"inputs": [
         {"name": "INPUT0", "datatype": "FP32", "shape": [1, 64]}]}})
     doc = {"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1, 64],
                        "data": ["not", "even", "64"]}]}  # data that would not decode
     with pytest.raises(V2Error, match="has datatype BYTES, the model expects FP32"):
-        handling.decode_row("", json.dumps(doc).encode(), meta)
+        v2_tensors.decode_row("", json.dumps(doc).encode(), meta)
     doc["inputs"][0].update(datatype="FP32", shape=[1, 3])
     with pytest.raises(V2Error, match=r"has shape \[1, 3\], the model expects \[1, 64\]\.$"):
-        handling.decode_row("", json.dumps(doc).encode(), meta)
+        v2_tensors.decode_row("", json.dumps(doc).encode(), meta)

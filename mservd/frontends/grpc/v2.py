@@ -39,8 +39,14 @@ from mservd.frontends.grpc.torchserve import (
     remembering,
 )
 from mservd.frontends.spaced import TooManyQuestions
-from mservd.v2.codec import NUMPY_TYPES, V2Error, decode_response, to_bytes
-from mservd.v2.handling import HEADER_LENGTH, content_type
+from mservd.v2.codec import (
+    HEADER_LENGTH,
+    NUMPY_TYPES,
+    V2Error,
+    content_type,
+    decode_response,
+    to_bytes,
+)
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from mservd.frontends.http.request import (
     need_method,
     relay,
 )
-from mservd.v2.handling import HEADER_LENGTH
-from mservd.v2.handling import content_type as v2_content_type
+from mservd.v2.codec import HEADER_LENGTH
+from mservd.v2.codec import content_type as v2_content_type
 
 SERVER_NAME = "mservd"
 EXTENSIONS = ["binary_tensor_data", "generate"]

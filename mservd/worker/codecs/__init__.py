@@ -5,7 +5,7 @@ payloads into the rows of the handler's batch and the handler's outputs for thos
 one answer, in the protocol's own shape, errors included::
 
     call = codec.decode(request, context)          # rows, and what encoding needs
-    head, body = codec.encode(call, outputs, context, limit)
+    head, body = encode_answer(codec, call, outputs, context, limit)  # or a RequestError
     head, body = codec.error(status, type, message)
 
 A TorchServe, v2 or OpenAI generation request is one row; a KServe V1 request is one row per
@@ -21,7 +21,7 @@ from typing import Any
 from mservd import protocol
 from mservd.v2.codec import V2Error
 from mservd.worker.codecs import generate, kserve_v1, openai, torchserve, v2
-from mservd.worker.codecs.base import Call, Codec
+from mservd.worker.codecs.base import Call, Codec, encode_answer
 from mservd.worker.payload import InputError
 
 log = logging.getLogger("mservd.worker")
@@ -65,4 +65,4 @@ def undecodable(codec: Codec, request: protocol.Request, exc: Exception) -> tupl
     return codec.error(400, "BadRequestException", message)
 
 
-__all__ = ["CODECS", "Call", "Codec", "decode"]
+__all__ = ["CODECS", "Call", "Codec", "decode", "encode_answer"]

@@ -1,4 +1,5 @@
-"""What every codec is: a decoded request (:class:`Call`) and the three functions."""
+"""What every codec is: a decoded request (:class:`Call`) and the three functions, and the
+one way an answer is encoded (:func:`encode_answer`)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,19 @@ class Codec(Protocol):
     def error(self, status: int, type_: str, message: str) -> tuple[bytes, bytes]: ...
 
 
+def encode_answer(codec: Codec, call: Call, outputs: list[Any], context: Any,
+                  limit: int) -> tuple[bytes, bytes]:
+    """A request's answer from the handler's outputs for its rows: a ``RequestError`` among
+    them (a row the handler refused) answers the request with that error, in its protocol's
+    shape; anything else is the codec's to encode."""
+    from handlers.errors import RequestError
+
+    for item in outputs:
+        if isinstance(item, RequestError):
+            return codec.error(item.status, item.type, item.message)
+    return codec.encode(call, outputs, context, limit)
+
+
 class WholeParts:
     """A streamed part is encoded like a whole answer (TorchServe's way: each part is a body
     of its own, the client joins them). An empty text carries nothing and is not sent: a
@@ -40,7 +54,7 @@ class WholeParts:
                     limit: int) -> tuple[bytes, bytes] | None:
         if isinstance(item, str) and not item:
             return None
-        return self.encode(call, [item], context, limit)  # type: ignore[attr-defined]
+        return encode_answer(self, call, [item], context, limit)  # type: ignore[arg-type]
 
 
 def too_large(size: int, limit: int) -> str:

@@ -70,12 +70,8 @@ class GenerateCodec:
 
     def encode(self, call: Call, outputs: list[Any], context: Any,
                limit: int) -> tuple[bytes, bytes]:
-        from handlers.errors import RequestError
-
         state: Generation = call.state
         item = outputs[0]
-        if isinstance(item, RequestError):
-            return self.error(item.status, item.type, item.message)
         if state.stream:
             body = self._event(state, str(item), getattr(item, "finish_reason", None))
             head = protocol.head(200, "text/event-stream", SSE_HEADERS)

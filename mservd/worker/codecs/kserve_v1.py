@@ -54,11 +54,6 @@ class KServeV1Codec(WholeParts):
 
     def encode(self, call: Call, outputs: list[Any], context: Any,
                limit: int) -> tuple[bytes, bytes]:
-        from handlers.errors import RequestError
-
-        for item in outputs:
-            if isinstance(item, RequestError):
-                return self.error(item.status, item.type, item.message)
         try:
             body = encode_predictions(outputs)
         except Exception as exc:  # TypeError, ValueError, RecursionError, a tolist() that raises

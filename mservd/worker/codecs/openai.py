@@ -108,12 +108,7 @@ class OpenAICodec:
 
     def encode(self, call: Call, outputs: list[Any], context: Any,
                limit: int) -> tuple[bytes, bytes]:
-        from handlers.errors import RequestError
-
         exchange: Exchange = call.state
-        for item in outputs:
-            if isinstance(item, RequestError):
-                return self.error(item.status, item.type, item.message)
         if exchange.kind == "embedding":
             body = self._embeddings(exchange, outputs)
             content_type, headers = protocol.JSON, None

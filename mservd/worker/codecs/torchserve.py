@@ -38,11 +38,7 @@ class TorchServeCodec(WholeParts):
 
     def encode(self, call: Call, outputs: list[Any], context: Any,
                limit: int) -> tuple[bytes, bytes]:
-        from handlers.errors import RequestError
-
         item = outputs[0]
-        if isinstance(item, RequestError):
-            return self.error(item.status, item.type, item.message)
         meta = context.response_meta(call.first)
         try:
             body, content_type = encode_output(item, meta.content_type)

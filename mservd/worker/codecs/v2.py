@@ -1,8 +1,8 @@
 """The Open Inference Protocol v2 (REST ``/v2/.../infer``, gRPC ``ModelInfer``): one row.
 
 The infer body, JSON or binary, is decoded against the model's declared tensors
-(model-config.yaml ``v2:``) by ``mservd/v2/handling.py``; the answer is an infer response.
-Errors are ``{"error": ...}``.
+(model-config.yaml ``v2:``) by ``v2_tensors.py`` beside this file; the answer is an infer
+response. Errors are ``{"error": ...}``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import logging
 from typing import Any
 
 from mservd import protocol
-from mservd.v2 import handling
 from mservd.v2 import metadata as v2_metadata
 from mservd.v2.codec import UnknownOutput, V2Error
+from mservd.worker.codecs import v2_tensors
 from mservd.worker.codecs.base import Call, WholeParts, too_large
 
 log = logging.getLogger("mservd.worker")
@@ -32,19 +32,15 @@ class V2Codec(WholeParts):
         content_type = request.inputs[0][1] if len(request.inputs) == 1 else ""
         if len(request.payloads) != 1:
             raise V2Error("A v2 request is one infer body.")
-        row, v2_call = handling.decode_row(content_type, request.payloads[0],
+        row, v2_call = v2_tensors.decode_row(content_type, request.payloads[0],
                                            model_metadata(context))
         return Call([row], state=v2_call)
 
     def encode(self, call: Call, outputs: list[Any], context: Any,
                limit: int) -> tuple[bytes, bytes]:
-        from handlers.errors import RequestError
-
         item = outputs[0]
-        if isinstance(item, RequestError):
-            return self.error(item.status, item.type, item.message)
         try:
-            body, content_type, headers = handling.encode_answer(
+            body, content_type, headers = v2_tensors.encode_answer(
                 call.state, item, model_metadata(context), context.model_name,
                 str(context.manifest.get("model", {}).get("modelVersion", "")))
         except Exception as exc:  # V2Error, or whatever the handler's value raises on the way
@@ -59,7 +55,7 @@ class V2Codec(WholeParts):
         return protocol.head(200, content_type, headers), body
 
     def error(self, status: int, type_: str, message: str) -> tuple[bytes, bytes]:
-        return protocol.head(status), handling.error_answer(message)
+        return protocol.head(status), v2_tensors.error_answer(message)
 
 
 CODEC = V2Codec()

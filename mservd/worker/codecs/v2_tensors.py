@@ -1,7 +1,7 @@
 """The worker's side of v2: a v2 request into a handler row, a handler's output into a v2 reply.
 
 A frontend (REST ``/v2/.../infer`` or the gRPC ``ModelInfer``) forwards the infer body untouched
-as one input whose content type is :data:`CONTENT_TYPE` (with the JSON header's length as a
+as one input of content type ``application/vnd.mservd.v2`` (the JSON header's length as a
 ``header-length`` parameter when tensors follow it in binary). The worker, not the controller,
 decodes it here, so a v2 request batches with any other request of its model.
 
@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from mservd.v2.codec import (
+    HEADER_LENGTH,
     NUMPY_TYPES,
     InferRequest,
     Tensor,
@@ -26,38 +27,13 @@ from mservd.v2.codec import (
     V2Error,
     decode_request,
     encode_response,
+    parse_content_type,
 )
 from mservd.v2.metadata import ModelMetadata
+from mservd.worker.payload import json_default
 
 log = logging.getLogger(__name__)
-
-CONTENT_TYPE = "application/vnd.mservd.v2"
-HEADER_LENGTH = "Inference-Header-Content-Length"
 DEFAULT_OUTPUT = "output0"
-
-
-def content_type(header_length: int | None) -> str:
-    """The input content type a frontend forwards a v2 infer body with."""
-    if header_length is None:
-        return CONTENT_TYPE
-    return f"{CONTENT_TYPE}; header-length={int(header_length)}"
-
-
-def parse_content_type(value: str | None) -> tuple[bool, int | None]:
-    """(is this a v2 body, the JSON header's length or None for an all-JSON body)."""
-    if not value or not value.startswith(CONTENT_TYPE):
-        return False, None
-    length = None
-    for part in value.split(";")[1:]:
-        key, _, raw = part.strip().partition("=")
-        if key == "header-length":
-            try:
-                length = int(raw)
-            except ValueError:
-                raise V2Error(f"Inference-Header-Content-Length {raw!r} is not an integer.") \
-                    from None
-    return True, length
-
 
 @dataclass
 class V2Call:
@@ -225,7 +201,7 @@ def _as_array(value: Any, name: str) -> tuple[str, np.ndarray]:
         if array is not None and array.dtype.kind in "US":
             return "BYTES", _bytes_array(array.reshape(-1).tolist()).reshape(array.shape)
     # anything else (a dict, a ragged list): one BYTES element holding its JSON
-    text = json.dumps(value, default=_json_default).encode("utf-8")
+    text = json.dumps(value, default=json_default).encode("utf-8")
     return "BYTES", _bytes_array([text]).reshape(())
 
 
@@ -258,10 +234,3 @@ def _cast(array: np.ndarray, datatype: str, name: str) -> tuple[str, np.ndarray]
     except (TypeError, ValueError):
         raise V2Error(f"Output {name!r} cannot be cast to its declared datatype "
                       f"{datatype}.") from None
-
-
-def _json_default(value: Any) -> Any:
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist):
-        return tolist()
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
