@@ -56,8 +56,8 @@ class CenterCrop:
             padded = Image.new(image.mode, (max(w, self.size), max(h, self.size)))
             padded.paste(image, ((max(w, self.size) - w) // 2, (max(h, self.size) - h) // 2))
             image, (w, h) = padded, padded.size
-        top = int(round((h - self.size) / 2.0))
-        left = int(round((w - self.size) / 2.0))
+        top = round((h - self.size) / 2.0)
+        left = round((w - self.size) / 2.0)
         return image.crop((left, top, left + self.size, top + self.size))
 
 

@@ -144,7 +144,7 @@ class KeyStore:
 
     def write(self) -> None:
         def stamp(t: float) -> str:
-            return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
         doc = {
             MANAGEMENT: {"key": self.keys[MANAGEMENT], "expiration time": stamp(self.expires[MANAGEMENT])},

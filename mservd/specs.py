@@ -11,7 +11,7 @@ import dataclasses
 import json
 import socket
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 S = TypeVar("S", bound="Spec")
 
@@ -21,7 +21,7 @@ class Spec:
         return json.dumps(dataclasses.asdict(self))  # type: ignore[call-overload]
 
     @classmethod
-    def from_json(cls: type[S], doc: str | dict[str, Any]) -> S:
+    def from_json(cls, doc: str | dict[str, Any]) -> Self:
         values = json.loads(doc) if isinstance(doc, str) else doc
         return cls(**values)
 

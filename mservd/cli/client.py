@@ -294,8 +294,8 @@ def _describe_block(desc: dict[str, Any]) -> str:
                    f"{queue.get('remainingCapacity', 0)} free")),
     ]
     if desc.get("batchSizeNow") is not None:
-        settings.append(("batch size now", f"{desc['batchSizeNow']}, delay "
-                                           f"{desc.get('maxBatchDelayNow')} ms (auto)"))
+        settings.append(("batch size now", (f"{desc['batchSizeNow']}, delay "
+                                            f"{desc.get('maxBatchDelayNow')} ms (auto)")))
     if desc.get("maxLatencyMs"):
         settings.append(("latency target", f"{desc['maxLatencyMs']} ms"))
     if desc.get("stateful"):
@@ -306,11 +306,11 @@ def _describe_block(desc: dict[str, Any]) -> str:
             f"{idle} ms" + (f" or {life} ms after opening" if life else ""))))
     cost = desc.get("batchCost")
     if cost:
-        settings.append(("batch cost", f"{cost['fixedMs']} ms + {cost['perItemMs']} ms per "
-                                       f"request (r² {cost['r2']}, {cost['samples']} batches)"))
+        settings.append(("batch cost", (f"{cost['fixedMs']} ms + {cost['perItemMs']} ms per "
+                                        f"request (r² {cost['r2']}, {cost['samples']} batches)")))
         advice = cost["advice"]
-        settings.append(("advised", f"batch {advice['batchSize']}, delay "
-                                    f"{advice['maxBatchDelay']} ms: {advice['why']}"))
+        settings.append(("advised", (f"batch {advice['batchSize']}, delay "
+                                     f"{advice['maxBatchDelay']} ms: {advice['why']}")))
     if desc.get("loadError"):
         settings.append(("load error", desc["loadError"].splitlines()[0]))
     if "customizedMetadata" in desc:

@@ -179,7 +179,7 @@ def run_batch(archive: Path, inputs: list[Input], clock: PhaseClock) -> Outcome:
                                               raise_failure=True)
         except BatchShapeError as exc:
             raise click.ClickException(f"handler failed in handle: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 -- any failure of user code is the report
+        except Exception as exc:
             raise HandlerFailed(clock.failed_in or phase, exc) from None
         results = {r.rid: r for r in answers}
         outputs = [_describe(idx, results[request.rid]) for idx, request in enumerate(requests)]

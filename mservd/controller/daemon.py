@@ -209,7 +209,7 @@ def startup_models(settings: Settings) -> list[tuple[str | None, str]]:
         items.append((name, url) if sep else (None, entry))
     # the models= block names archives too (marName)
     for name, versions in settings.models.items():
-        for _, entry in versions.items():
+        for entry in versions.values():
             mar = entry.get("marName") if isinstance(entry, dict) else None
             if mar and (name, mar) not in items and (None, mar) not in items:
                 items.append((name, mar))

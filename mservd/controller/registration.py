@@ -100,7 +100,7 @@ class Registration:
         except MservdError as exc:
             self.respond(Reply.error(exc))
             return
-        except Exception as exc:  # noqa: BLE001 - whatever stopped it, the call gets a 400
+        except Exception as exc:
             self.respond(Reply.error(BadRequest(f"Download failed: {type(exc).__name__}: {exc}")))
             return
         self.fetched.append(path)

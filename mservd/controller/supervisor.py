@@ -230,7 +230,8 @@ class Supervisor:
         handle = self._logs.get(model)
         if handle is None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            handle = open(self.log_dir / f"model_{model}.log", "ab", buffering=0)
+            # kept open while the model is served: each of its workers writes to it
+            handle = open(self.log_dir / f"model_{model}.log", "ab", buffering=0)  # noqa: SIM115
             self._logs[model] = handle
         return handle
 
@@ -255,7 +256,7 @@ def available_cores() -> int:
     except AttributeError:
         cores = os.cpu_count() or 1
     try:
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
         if quota != "max":
             cores = min(cores, max(1, int(int(quota) / int(period))))
     except (OSError, ValueError):

@@ -77,9 +77,8 @@ class Batcher(Generic[T]):
         if not queue:
             return []
         size = self.batch_size if limit is None else max(0, min(limit, self.batch_size))
-        if len(queue) < size and any_busy:
-            if now < queue[0].arrived + self.max_batch_delay:
-                return []
+        if len(queue) < size and any_busy and now < queue[0].arrived + self.max_batch_delay:
+            return []
         if share is not None:
             size = max(1, min(size, share))
         self._soonest = None

@@ -40,9 +40,21 @@ __all__ = ["CONTENT_TYPE", "Metrics"]
 class VersionMetrics:
     """The labelled children of one model version, looked up once."""
 
-    __slots__ = ("requests", "latency_us", "queue_us", "latency", "queue", "handler", "batch",
-                 "restarts", "first_part", "between_parts", "answers", "restart_count",
-                 "leased")
+    __slots__ = (
+        "answers",
+        "batch",
+        "between_parts",
+        "first_part",
+        "handler",
+        "latency",
+        "latency_us",
+        "leased",
+        "queue",
+        "queue_us",
+        "requests",
+        "restart_count",
+        "restarts",
+    )
 
     def __init__(self, m: Metrics, name: str, version: str) -> None:
         self.requests = m.requests.labels(name, version)

@@ -32,7 +32,6 @@ version that is not lent is idle; what it runs on the lease it reports afterward
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from mservd import protocol
 from mservd.config import Settings
@@ -60,9 +59,21 @@ SIZE_INTERVAL = 0.1  # ... and at least these seconds: a fast model is not refit
 class Pending:
     """A queued or running request: who asked, its frames, and its clock."""
 
-    __slots__ = ("rid", "fid", "frames", "arrived", "deadline", "ends_by", "kind",
-                 "retried", "last_part", "sequence", "ends_sequence", "server_headers",
-                 "client")
+    __slots__ = (
+        "arrived",
+        "client",
+        "deadline",
+        "ends_by",
+        "ends_sequence",
+        "fid",
+        "frames",
+        "kind",
+        "last_part",
+        "retried",
+        "rid",
+        "sequence",
+        "server_headers",
+    )
 
     def __init__(self, rid: bytes, fid: bytes, frames: list[bytes], arrived: float,
                  deadline: float, kind: int = PREDICTION) -> None:
@@ -122,7 +133,7 @@ class CancelRunning:
     rid: bytes
 
 
-Action = Union[SendBatch, Forward, Refuse, KillWorker, CancelRunning, Lend, Revoke, Recall]
+Action = SendBatch | Forward | Refuse | KillWorker | CancelRunning | Lend | Revoke | Recall
 
 
 @dataclass
@@ -643,12 +654,10 @@ class Scheduler:
                 if when is not None and when < soonest:
                     soonest = when
         for running in self.running.values():
-            if running.deadline < soonest:
-                soonest = running.deadline
+            soonest = min(soonest, running.deadline)
             if running.mv.settings.continuous_batching:
                 for pending in running.requests.values():
-                    if pending.ends_by < soonest:
-                        soonest = pending.ends_by
+                    soonest = min(soonest, pending.ends_by)
         return soonest
 
     def retire(self, mv: ModelVersion) -> list[Action]:

@@ -91,7 +91,7 @@ def ended_by(headers: object) -> list[str]:
 class Sequence(Generic[T]):
     """One open sequence: its queued requests and the worker it is pinned to."""
 
-    __slots__ = ("id", "owner", "queue", "worker", "running", "opened", "idle_since", "ending")
+    __slots__ = ("ending", "id", "idle_since", "opened", "owner", "queue", "running", "worker")
 
     def __init__(self, sequence_id: str, now: float, owner: str | None) -> None:
         self.id = sequence_id

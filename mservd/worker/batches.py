@@ -80,7 +80,7 @@ def answer_batch(handler, context, requests: list[protocol.Request], max_respons
         if raise_failure:
             raise
         status, type_, message = describe_failure(exc)
-        log.error("batch of requests %s failed (%s): %s", ids, type_, message, exc_info=True)
+        log.exception("batch of requests %s failed (%s): %s", ids, type_, message)
         for request, codec, _ in running:
             results.append(protocol.Result(request.rid, *codec.error(status, type_, message)))
         return results

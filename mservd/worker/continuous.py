@@ -56,13 +56,12 @@ def serve_continuous(sock: Any, handler: Any, context: Any, worker_id: str, pare
     poller.register(sock, zmq.POLLIN)
     shipped = told = time.monotonic()
     while True:
-        if not poller.poll(0 if running.requests else 1000):
-            if not running.requests:
-                if parent_changed(parent):
-                    log.warning("controller is gone; worker %s exits", worker_id)
-                    return 0
-                ship_metrics(sock, context)
-                continue
+        if not poller.poll(0 if running.requests else 1000) and not running.requests:
+            if parent_changed(parent):
+                log.warning("controller is gone; worker %s exits", worker_id)
+                return 0
+            ship_metrics(sock, context)
+            continue
         while sock.poll(0, zmq.POLLIN):
             frames = sock.recv_multipart()
             kind = frames[0]
@@ -125,8 +124,8 @@ def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: i
         outputs = call_handler(handler, context, entries)
     except Exception as exc:  # the handler's failure fails the requests it was running
         status, type_, message = describe_failure(exc)
-        log.error("step of requests %s failed (%s): %s",
-                  ",".join(r.rid.decode() for r, _, _ in entries), type_, message, exc_info=True)
+        log.exception("step of requests %s failed (%s): %s",
+                      ",".join(r.rid.decode() for r, _, _ in entries), type_, message)
         sock.send_multipart(protocol.done(
             protocol.Result(r.rid, *codec.error(status, type_, message))
             for r, codec, _ in entries))
@@ -140,8 +139,7 @@ def step(sock: Any, handler: Any, context: Any, running: SequenceTable, limit: i
         try:
             stops = criteria is None or _stops(criteria[index], output)
         except Exception as exc:  # the handler's criterion fails its request, not the worker
-            log.error("stopping criterion of request %s failed: %s", request.rid.decode(), exc,
-                      exc_info=True)
+            log.exception("stopping criterion of request %s failed", request.rid.decode())
             finished.append(protocol.Result(request.rid, *codec.error(
                 500, "InternalServerException",
                 f"The handler's stopping criterion failed: {type(exc).__name__}: {exc}")))

@@ -142,9 +142,9 @@ def fork_worker(spec: WorkerSpec, log_fd: int, sock: socket.socket, pipe: tuple[
         _reseed()
         cores.slot = worker_slot  # where it counts itself busy (mservd/worker/cores.py)
         _name_process(f"mservd:{spec.model_name}")
-        from mservd import worker
+        from mservd.worker.main import run
 
-        code = worker.run(spec)
+        code = run(spec)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
