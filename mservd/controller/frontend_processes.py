@@ -316,6 +316,7 @@ class Frontends:
                     frontend.served = False
                     self.schedule_restart(frontend, now, "could not be started")
                 else:
+                    assert frontend.proc is not None  # start() made it
                     log.info("%s started again (pid %d)", frontend.name, frontend.proc.pid)
                     self.restarted("grpc" if frontend is self.grpc else "http")
         if self.http.given_up:

@@ -22,10 +22,10 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -144,6 +144,7 @@ class Controller:
         self.supervisor.start()
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
+        assert self.zctx is not None  # bound once, at start
         sock = self.zctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
@@ -176,7 +177,7 @@ class Controller:
             now = time.monotonic()
             due = self.scheduler.next_wakeup(float("inf"), now)  # when tick has work, soonest
             timeout = max(0.0, min(due, self.upkeep_by(now)) - now)
-            events = dict(poller.poll(timeout * 1000.0))
+            events = dict(poller.poll(int(timeout * 1000.0)))  # pyzmq truncates to ms anyway
             if zygote_fd in events:
                 zygote.read_reports()
                 self.reap_workers(time.monotonic())
@@ -201,7 +202,7 @@ class Controller:
         """Handle every message waiting on ``sock`` without blocking (bounded per turn). The
         socket is asked whether one waits: cheaper than the zmq.Again a recv would raise."""
         for _ in range(256):
-            if not sock.getsockopt(EVENTS) & POLLIN:
+            if not cast(int, sock.getsockopt(EVENTS)) & POLLIN:
                 return
             try:
                 frames = sock.recv_multipart(NOBLOCK)
@@ -229,7 +230,7 @@ class Controller:
         self.check_waiters(now)
         self.cleanup_retired()
 
-    def perform(self, actions: list[Action]) -> None:
+    def perform(self, actions: Sequence[Action]) -> None:
         """Carry out what the scheduler decided: the controller's only sends of requests.
         Answers wait in :attr:`answers` for the end of the loop's turn."""
         for action in actions:

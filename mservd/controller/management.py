@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from archiver import UnpackLimits
@@ -51,6 +52,9 @@ class ModelService(Protocol):
     metrics: Metrics
     scheduler: Scheduler
     started_at: float  # time.time() when the controller was made
+    run_dir: Path  # this daemon's run folder: unpacked archives, sockets
+    loading: set[tuple[str, str]]  # (name, version) of archives being unpacked
+    gpu_count: int  # the GPUs workers are placed on (0: the CPU)
 
     def submit(self, fn: Callable[..., Any], done: Callable[[Future], None],
                *args: Any) -> None: ...
@@ -84,7 +88,7 @@ def _iso_millis(when: float) -> str:
     return f"{seconds}.{int(when * 1000) % 1000:03d}Z"
 
 
-def _int(args: dict[str, Any], key: str, default: int | None = None) -> int | None:
+def _int(args: dict[str, Any], key: str, default: int) -> int:
     value = args.get(key)
     if value is None or value == "":
         return default
@@ -264,7 +268,7 @@ class Management:
         }
         if mv.settings.sequence_batching:  # TorchServe's stateful model
             out["stateful"] = True
-            out["jobQueueStatus"]["openSequences"] = mv.batcher.open_count(time.monotonic())
+            out["jobQueueStatus"]["openSequences"] = mv.sequences.open_count(time.monotonic())
         fit = mv.batch_costs.fit()
         if fit is not None:  # the batching advisor's (mservd models advise shows its curve)
             measured = mv.batch_costs.measured()

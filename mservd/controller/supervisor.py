@@ -236,7 +236,9 @@ class Supervisor:
         return handle
 
 
-def describe_exit(code: int) -> str:
+def describe_exit(code: int | None) -> str:
+    if code is None:  # not reaped: no code to tell
+        return "exited"
     if code < 0:
         try:
             name = signal.Signals(-code).name

@@ -211,6 +211,7 @@ def advise(fit: Fit | None, target_s: float | None = None, largest: int = LARGES
                   else f"within {1 - CLOSE_ENOUGH:.0%} of the most measured")
                + (f" ({others})" if others else ""))
         if known.keys() - allowed.keys():
+            assert target_s is not None  # without a target every size is allowed
             why += (f"; larger batches take too long for {TARGET_SHARE:.0%} of the "
                     f"{target_s * 1e3:.0f} ms target")
         seconds = allowed[best].batch_seconds
@@ -223,6 +224,7 @@ def advise(fit: Fit | None, target_s: float | None = None, largest: int = LARGES
                 why += (f"; the line, explaining {fit.r2:.0%} of the timings, is not followed "
                         "past the sizes measured")
     elif known and fit is None:  # every size measured passes the target: try smaller
+        assert target_s is not None  # without a target every size is allowed
         smallest = min(known)
         best = max([1] + [b for b in rungs if b < smallest])
         seconds = known[smallest].batch_seconds * best / smallest

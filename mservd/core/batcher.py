@@ -88,7 +88,8 @@ class Batcher(Generic[T]):
         kind = queue[0].kind
         if kind == DESCRIPTION:
             size = 1
-        taken, kept = [], deque()
+        taken: list[T] = []
+        kept: deque[T] = deque()
         for item in queue:
             if item.kind == kind and len(taken) < size:
                 taken.append(item)

@@ -66,6 +66,18 @@ class ModelVersion:
         self.max_workers = s.max_workers
 
     @property
+    def queue(self) -> Batcher:
+        """The queue of a version without sequences (``sequence_batching`` off)."""
+        assert isinstance(self.batcher, Batcher), "a stateful version queues by sequence"
+        return self.batcher
+
+    @property
+    def sequences(self) -> SequenceQueue:
+        """The queue of a stateful version (``sequence_batching`` on)."""
+        assert isinstance(self.batcher, SequenceQueue), "this version has no sequences"
+        return self.batcher
+
+    @property
     def key(self) -> tuple[str, str]:
         return (self.name, self.version)
 
@@ -77,7 +89,7 @@ class ModelVersion:
         """Its settings under TorchServe's camelCase names, as describe and snapshots show them
         (model-config.yaml spells them the same way)."""
         s = self.settings
-        document = {"minWorkers": self.target_workers, "maxWorkers": self.max_workers,
+        document: dict[str, Any] = {"minWorkers": self.target_workers, "maxWorkers": self.max_workers,
                     "batchSize": s.batch_size, "maxBatchDelay": s.max_batch_delay,
                     "responseTimeout": s.response_timeout, "startupTimeout": s.startup_timeout}
         if s.continuous_batching:

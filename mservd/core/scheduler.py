@@ -197,7 +197,7 @@ class Scheduler:
                     # a handler names the sequences it ends in one header, ';' between them:
                     # one id with ';' in it could end other clients' sequences
                     raise BadRequest("The ts_request_sequence_id header must not contain ';'.")
-                added = mv.batcher.add_to_sequence(pending, now,
+                added = mv.sequences.add_to_sequence(pending, now,
                                                    self.settings.max_sequences_per_client)
             else:
                 added = mv.batcher.add(pending)
@@ -302,7 +302,7 @@ class Scheduler:
             worker = running.mv.workers.get(worker_id)
             del running.requests[rid]
             if running.mv.settings.sequence_batching:
-                running.mv.batcher.finished([pending], now)
+                running.mv.sequences.finished([pending], now)
             if not running.requests:
                 del self.running[worker_id]
             actions: list[Action] = [] if worker is None else [CancelRunning(worker, rid)]
@@ -328,7 +328,8 @@ class Scheduler:
             ready = [w for w in idle if self.leases.available(w)]
             if not ready:  # only lent ones: one is called back, the queue waits for it
                 lent = [w for w in idle if self.leases.holds(w)]
-                return self.leases.recall(lent[0], now) if lent else []
+                recalled: list[Action] = [*self.leases.recall(lent[0], now)] if lent else []
+                return recalled
             idle = ready
         if not idle:
             return []
@@ -341,7 +342,7 @@ class Scheduler:
         actions: list[Action] = []
         vm = self.metrics.version(mv.key)
         for worker in idle:
-            batch = mv.batcher.take(now, any_busy, share=share)
+            batch = mv.queue.take(now, any_busy, share=share)
             if not batch:
                 break
             actions.append(self._send(mv, worker, batch, vm, now))
@@ -367,7 +368,7 @@ class Scheduler:
         for worker in mv.workers.values():
             if not worker.is_serving or worker.id in self.running:
                 continue
-            batch = mv.batcher.take_for(worker.id, live, now)
+            batch = mv.sequences.take_for(worker.id, live, now)
             if not batch:
                 continue
             actions.append(self._send(mv, worker, batch, vm, now))
@@ -383,7 +384,7 @@ class Scheduler:
         workers = list(mv.workers.values())
         live: list[str] = []
         if mv.settings.sequence_batching:  # a new sequence goes to the one holding fewest
-            workers.sort(key=lambda w: mv.batcher.held(w.id))
+            workers.sort(key=lambda w: mv.sequences.held(w.id))
             live = [w.id for w in workers if w.is_serving]
         for worker in workers:
             if not worker.is_serving:
@@ -393,9 +394,9 @@ class Scheduler:
             if free <= 0:
                 continue
             if mv.settings.sequence_batching:
-                batch = mv.batcher.take_for(worker.id, live, now, slots=free)
+                batch = mv.sequences.take_for(worker.id, live, now, slots=free)
             else:
-                batch = mv.batcher.take(now, False, free)
+                batch = mv.queue.take(now, False, free)
             if not batch:
                 continue
             observe_waits(vm, batch, now)
@@ -416,10 +417,10 @@ class Scheduler:
         part's ``head``."""
         running = self.running.get(worker.id)
         pending = running.requests.get(rid) if running is not None else None
-        if pending is None:
+        if running is None or pending is None:
             return None
         if head and running.mv.settings.sequence_batching:
-            running.mv.batcher.end(ended_by(protocol.Head.parse(head).headers), now)
+            running.mv.sequences.end(ended_by(protocol.Head.parse(head).headers), now)
         vm = self.metrics.version(running.mv.key)
         if pending.last_part is None:
             vm.first_part.observe(now - pending.arrived)
@@ -451,7 +452,7 @@ class Scheduler:
             return self._finished_some(worker, running, results, now, answered)
         del self.running[worker.id]
         if mv.settings.sequence_batching:
-            mv.batcher.finished(list(running.requests.values()), now)
+            mv.sequences.finished(list(running.requests.values()), now)
         if not running.counted:
             return self._answered_question(running, results) + self.dispatch(mv, now)
         vm = self.metrics.version(mv.key)
@@ -484,7 +485,7 @@ class Scheduler:
                 "The worker returned no answer for this request."), mv))
         more = self.dispatch(mv, now)
         if not more and fid is not None:  # nothing more to run: the frontend may send itself
-            more = self.leases.lend(mv, worker, fid, self.running, now)
+            more = [*self.leases.lend(mv, worker, fid, self.running, now)]
         return actions + more
 
     def _answered_question(self, running: Running, results: list[protocol.Result]
@@ -546,8 +547,8 @@ class Scheduler:
             head = protocol.Head.parse(result.head)
             self.metrics.answered(head.status, vm)
             if mv.settings.sequence_batching:  # SequenceContinuousBatching
-                mv.batcher.end(ended_by(head.headers), now)
-                mv.batcher.finished([pending], now)
+                mv.sequences.end(ended_by(head.headers), now)
+                mv.sequences.finished([pending], now)
         running.deadline = step_deadline(mv, now)
         if not running.requests:
             del self.running[worker.id]
@@ -567,7 +568,7 @@ class Scheduler:
             return actions
         mv = running.mv
         if mv.settings.sequence_batching:  # its sequences go to the next idle worker
-            mv.batcher.worker_lost(worker.id)
+            mv.sequences.worker_lost(worker.id)
         for pending in reversed(running.requests.values()):  # each put first: in order
             if (not pending.retried and pending.last_part is None
                     and self.registry.has_version(mv.name, mv.version)
@@ -577,7 +578,7 @@ class Scheduler:
             else:
                 actions.append(self.refuse(pending.fid, pending.rid, died_running(pending), mv))
                 if mv.settings.sequence_batching:
-                    mv.batcher.finished([pending], now)
+                    mv.sequences.finished([pending], now)
         return actions + self.dispatch(mv, now)
 
     # -- upkeep ---------------------------------------------------------------------
@@ -621,7 +622,7 @@ class Scheduler:
         for pending in overdue:
             del running.requests[pending.rid]
             if running.mv.settings.sequence_batching:
-                running.mv.batcher.finished([pending], now)
+                running.mv.sequences.finished([pending], now)
             if worker is not None:
                 actions.append(CancelRunning(worker, pending.rid))
             actions.append(self.refuse(pending.fid, pending.rid, DeadlineExceeded(
@@ -637,7 +638,7 @@ class Scheduler:
         (``now``: a stateful model's batch delays that have passed are no longer due)."""
         for mv in self.registry.all_versions():
             if len(mv.batcher) and mv.settings.sequence_batching:
-                when = mv.batcher.next_wakeup(now)
+                when = mv.sequences.next_wakeup(now)
                 if when is not None and when < soonest:
                     soonest = when
             elif len(mv.batcher):
@@ -648,7 +649,7 @@ class Scheduler:
                 idle = mv.settings.continuous_batching or any(
                     w.is_serving and w.id not in self.running and self.leases.available(w)
                     for w in mv.workers.values())
-                when = mv.batcher.next_wakeup(busy, idle)
+                when = mv.queue.next_wakeup(busy, idle)
                 if when is not None and self.leases.recalling:  # no spin through a grace: the
                     when = max(when, self.leases.grace_ends(mv))  # worker's RETURNED wakes it
                 if when is not None and when < soonest:
@@ -673,7 +674,7 @@ class Scheduler:
 
     def close(self, reason: str) -> list[Action]:
         """The server stops: every queued and running request is answered."""
-        actions = []
+        actions: list[Action] = []
         for mv in self.registry.all_versions():
             actions += [self.refuse(p.fid, p.rid, WorkerDied(reason)) for p in mv.batcher.drain()]
         for running in self.running.values():

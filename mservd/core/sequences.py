@@ -262,7 +262,7 @@ class SequenceQueue(Generic[T]):
             return []
         kind = ready[0].queue[0].kind
         most = self.batch_size if slots is None else slots
-        taken = []
+        taken: list[T] = []
         for sequence in ready:
             if len(taken) >= most:
                 break
@@ -467,6 +467,6 @@ class SequenceQueue(Generic[T]):
             self._close(sequence)
         while self._ends and self._ends[0][0] <= now:
             _, sequence_id = heapq.heappop(self._ends)
-            sequence = self._idle.get(sequence_id)
-            if sequence is not None and now - sequence.opened >= self.lifetime:
-                self._close(sequence)
+            ending = self._idle.get(sequence_id)
+            if ending is not None and now - ending.opened >= self.lifetime:
+                self._close(ending)

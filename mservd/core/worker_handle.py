@@ -18,6 +18,7 @@ class WorkerProcess(Protocol):
     zygote's ``Child`` (``mservd/controller/zygote_client.py``) has."""
 
     pid: int | None
+    returncode: int | None  # set once it has exited
 
     def poll(self) -> int | None: ...
     def send_signal(self, sig: int) -> None: ...

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import zmq
 
@@ -59,7 +60,7 @@ class FrontendLinks:
             return None
         try:
             for fid in grouped:
-                if not self._link(fid).getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+                if not cast(int, self._link(fid).getsockopt(zmq.EVENTS)) & zmq.POLLOUT:
                     return None  # not connected (yet), or its queue is full
         except (zmq.ZMQError, UnicodeDecodeError):
             return None
@@ -101,7 +102,7 @@ class FrontendLinks:
             try:
                 sock.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:  # not connected (yet): ZeroMQ connects in the background
-                if not wait or not sock.poll(wait * 1000.0, zmq.POLLOUT):
+                if not wait or not sock.poll(int(wait * 1000.0), zmq.POLLOUT):
                     return False
                 sock.send_multipart(frames, zmq.NOBLOCK)
         except (zmq.ZMQError, UnicodeDecodeError):  # Again, still: gone, or never there

@@ -96,7 +96,7 @@ def _serve_batches(spec: WorkerSpec, sock, jobs: JobSocket | None, batches: Batc
         report_by = batches.report_by()
         wait = POLL_MS if report_by is None else max(
             0.0, min(SERVED_WAIT, report_by - time.monotonic())) * 1000.0
-        ready = dict(poller.poll(wait))
+        ready = dict(poller.poll(int(wait)))  # pyzmq truncates to whole ms anyway
         if report_by is not None and (not ready or time.monotonic() >= report_by):
             batches.report()
         if not ready:

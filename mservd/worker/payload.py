@@ -97,7 +97,8 @@ def decode_form(content_type: str, body: bytes) -> list[tuple[str, str | None, b
             raise InputError(f"The {media} body has {fields} fields; at most "
                              f"{MAX_FORM_FIELDS} are read.")
         # latin-1 both ways: each byte, percent-decoded or not, comes back as it was
-        out = [(name.encode("latin-1").decode("utf-8", "replace"), None,
+        out: list[tuple[str, str | None, bytes]] = [
+            (name.encode("latin-1").decode("utf-8", "replace"), None,
                 value.encode("latin-1"))
                for name, value in parse_qsl(bytes(body).decode("latin-1"),
                                             keep_blank_values=True, encoding="latin-1")]

@@ -52,6 +52,7 @@ class TaggedStream:
             "name": "handler", "levelno": self._level,
             "levelname": logging.getLevelName(self._level), "msg": line,
             "requests": self.requests.split(",") if self.requests else []})
+        assert self._json is not None  # records are made for log_format=json only
         return self._json.format(record) + "\n"
 
     def flush(self) -> None:

@@ -38,6 +38,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from mservd.specs import ZYGOTE_MESSAGE_MAX, WorkerSpec, send_zygote_message
 from mservd.worker import cores
@@ -87,7 +88,7 @@ def libraries_for(spec: WorkerSpec) -> list[str]:
     handlers import none of them)."""
     if spec.install_py_dep_per_model:
         return []  # its own requirements may pin another version: the worker imports its own
-    found = set()
+    found: set[str] = set()
     for path in Path(spec.model_dir or ".").glob("*.py"):
         try:
             tree = ast.parse(path.read_bytes())
@@ -190,7 +191,8 @@ def serve(sock: socket.socket) -> int:
     by_id: dict[str, int] = {}
     slots: dict[int, int] = {}  # pid -> its slot in the busy table
     while True:
-        readable, _, _ = select.select([sock, wake_r], [], [])
+        watched: list[Any] = [sock, wake_r]
+        readable, _, _ = select.select(watched, [], [])
         if wake_r in readable:
             while True:
                 try:
@@ -223,10 +225,10 @@ def serve(sock: socket.socket) -> int:
             by_id[spec.worker_id] = pid
             send_zygote_message(sock, {"spawned": spec.worker_id, "pid": pid})
         elif "signal" in request:
-            pid = by_id.get(request["signal"])
-            if pid is not None:
+            target = by_id.get(request["signal"])
+            if target is not None:
                 try:
-                    os.kill(pid, request["sig"])
+                    os.kill(target, request["sig"])
                 except ProcessLookupError:
                     pass
         for fd in fds[1:]:

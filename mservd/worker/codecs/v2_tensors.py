@@ -189,17 +189,18 @@ def _as_array(value: Any, name: str) -> tuple[str, np.ndarray]:
             _bytes_array(array.reshape(-1).tolist()).reshape(array.shape)
     if isinstance(value, (list, tuple, bool, int, float)):
         try:
-            array = np.asarray(value)
+            numbers: np.ndarray | None = np.asarray(value)
         except ValueError:
-            array = None  # ragged
-        if array is not None and array.dtype.kind in "biuf":
+            numbers = None  # ragged
+        if numbers is not None and numbers.dtype.kind in "biuf":
+            array = numbers
             if array.dtype.kind == "f":
                 array = array.astype(np.float32)  # Python floats: PyTorch's default dtype
             elif array.dtype.kind in "iu":
                 array = array.astype(np.int64)
             return _datatype_of(array, name), array
-        if array is not None and array.dtype.kind in "US":
-            return "BYTES", _bytes_array(array.reshape(-1).tolist()).reshape(array.shape)
+        if numbers is not None and numbers.dtype.kind in "US":
+            return "BYTES", _bytes_array(numbers.reshape(-1).tolist()).reshape(numbers.shape)
     # anything else (a dict, a ragged list): one BYTES element holding its JSON
     text = json.dumps(value, default=json_default).encode("utf-8")
     return "BYTES", _bytes_array([text]).reshape(())
