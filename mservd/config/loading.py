@@ -18,8 +18,9 @@ from mservd.config.convert import (
     to_bool,
     to_json_object,
 )
+from mservd.config.model_keys import valid_models_block
 from mservd.config.properties import read_properties, with_variables
-from mservd.config.settings import Settings, keyed_fields, valid_models_block
+from mservd.config.settings import Settings, keyed_fields
 
 logger = logging.getLogger(__name__)
 

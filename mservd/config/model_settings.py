@@ -5,14 +5,19 @@ archive's ``model-config.yaml`` → the management API call, resolved into one f
 from __future__ import annotations
 
 import logging
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mservd.config.convert import ConfigError, Convert, above, at_least, chain, to_bool, to_int
-from mservd.errors import short_repr
+from mservd.config.convert import ConfigError
+from mservd.config.model_keys import (
+    API_KEYS,
+    MODEL_YAML_KEYS,
+    MODELS_BLOCK_KEYS,
+    TORCHSERVE_KEYS_NOT_APPLIED,
+    convert_layer,
+)
 
 if typing.TYPE_CHECKING:
     from mservd.config.settings import Settings
@@ -64,109 +69,7 @@ class ModelSettings:
         return self.max_latency_ms / 1000.0 if self.max_latency_ms else None
 
 
-def _device_type(value: Any) -> str:
-    if isinstance(value, str) and value.strip().lower() in ("cpu", "gpu"):
-        return value.strip().lower()
-    raise ValueError(f"{short_repr(value)} is not cpu or gpu")
-
-
-def _device_ids(value: Any) -> tuple[int, ...]:
-    items = [s for s in value.split(",") if s.strip()] if isinstance(value, str) else value
-    bad = f"{short_repr(value)} is not a list of GPU ids"
-    if isinstance(items, (list, tuple)):
-        try:
-            ids = tuple(to_int(item) for item in items)
-        except ValueError:
-            raise ValueError(bad) from None
-        if any(i < 0 for i in ids):
-            raise ValueError(f"{short_repr(value)} has a negative GPU id")
-        return ids
-    raise ValueError(bad)
-
-
-_WORKERS = chain(to_int, at_least(0))
-_BATCH = chain(to_int, at_least(1))
 AUTO_BATCH_START = 8  # the batch size batchSize: auto starts from, before the advisor's fit
-
-
-def _batch_size(value: Any) -> int | str:
-    """A batch size, or ``auto``: sized by the batching advisor."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    return _BATCH(value)
-
-
-# camelCase key of model-config.yaml and the models= block → (ModelSettings field, converter)
-_MODEL_YAML_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
-    {
-        "minWorkers": ("min_workers", _WORKERS),
-        "maxWorkers": ("max_workers", _WORKERS),
-        "batchSize": ("batch_size", _batch_size),
-        "maxBatchDelay": ("max_batch_delay", chain(to_int, at_least(0))),
-        "responseTimeout": ("response_timeout", chain(to_int, above(0))),
-        "startupTimeout": ("startup_timeout", chain(to_int, above(0))),
-        "jobQueueSize": ("job_queue_size", chain(to_int, at_least(1))),
-        "maxLatencyMs": ("max_latency_ms", chain(to_int, above(0))),
-        "deviceType": ("device_type", _device_type),
-        "deviceIds": ("device_ids", _device_ids),
-        "continuousBatching": ("continuous_batching", to_bool),
-        "sequenceBatching": ("sequence_batching", to_bool),
-        "maxNumSequence": ("max_num_sequence", chain(to_int, at_least(1))),
-        "maxSequenceJobQueueSize": ("max_sequence_job_queue_size", chain(to_int, at_least(1))),
-        "sequenceMaxIdleMSec": ("sequence_max_idle_ms", chain(to_int, at_least(0))),
-        "sequenceTimeoutMSec": ("sequence_timeout_ms", chain(to_int, at_least(0))),
-    }
-)
-# model-config.yaml keys TorchServe acts on that mservd does not: said once per model version
-# at its start, so a user does not believe them applied (the handler still sees them all)
-TORCHSERVE_KEYS_NOT_APPLIED = {
-    "parallelType": "model parallelism (torchrun, DeepSpeed, PiPPy) is not run",
-    "parallelLevel": "model parallelism is not run",
-    "torchrun": "model parallelism is not run",
-    "useJobTicket": "requests queue up to jobQueueSize instead",
-    "clientTimeoutInMills": "send X-Request-Timeout-Ms, or set default_request_timeout_ms",
-    "maxRetryTimeoutInSec": "a worker that dies is started again at once",
-    "asyncCommunication": "answers go back as each batch ends",
-    "useVenv": "handlers run in the daemon's environment",
-}
-MODELS_BLOCK_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
-    {**_MODEL_YAML_KEYS, "defaultVersion": ("default_version", to_bool)}
-)
-# the management API's query names (register and scale-workers calls)
-_API_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
-    {
-        "min_worker": ("min_workers", _WORKERS),
-        "max_worker": ("max_workers", _WORKERS),
-        "initial_workers": ("min_workers", _WORKERS),
-        "batch_size": ("batch_size", _batch_size),
-        "max_batch_delay": ("max_batch_delay", chain(to_int, at_least(0))),
-        "response_timeout": ("response_timeout", chain(to_int, above(0))),
-        "startup_timeout": ("startup_timeout", chain(to_int, above(0))),
-    }
-)
-
-
-def convert_layer(
-    layer: Mapping[str, Any],
-    keys: Mapping[str, tuple[str, Convert]],
-    source: str,
-    problems: list[str],
-    origin: dict[str, str],
-) -> dict[str, Any]:
-    """The known keys of one layer, converted; unknown keys are someone else's (the handler's
-    model_yaml_config, the API's url), and ``None`` means not given."""
-    values: dict[str, Any] = {}
-    for key, raw in layer.items():
-        if key not in keys or raw is None:
-            continue
-        name, convert = keys[key]
-        try:
-            values[name] = convert(raw)
-        except ValueError as exc:
-            problems.append(f"{source} {key}: {exc}")
-            continue
-        origin[name] = f"{source} {key}"
-    return values
 
 
 def resolve_model_settings(
@@ -221,7 +124,7 @@ def resolve_model_settings(
         values.update(convert_layer(entry, MODELS_BLOCK_KEYS, where, problems, origin))
     if model_yaml:
         yaml_values = convert_layer(
-            model_yaml, _MODEL_YAML_KEYS, "model-config.yaml", problems, origin
+            model_yaml, MODEL_YAML_KEYS, "model-config.yaml", problems, origin
         )
         values.update(yaml_values)
         for key in sorted(TORCHSERVE_KEYS_NOT_APPLIED.keys() & model_yaml.keys()):
@@ -232,7 +135,7 @@ def resolve_model_settings(
         given = {k: v for k, v in api.items() if v is not None}
         if "min_worker" in given:
             given.pop("initial_workers", None)  # the explicit name wins
-        api_values = convert_layer(given, _API_KEYS, "API", problems, origin)
+        api_values = convert_layer(given, API_KEYS, "API", problems, origin)
         if "min_workers" in api_values and "max_worker" not in given:
             api_values["max_workers"] = api_values["min_workers"]
             origin["max_workers"] = origin["min_workers"]

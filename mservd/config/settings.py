@@ -14,7 +14,6 @@ from typing import Any
 
 from mservd.config.convert import (
     Convert,
-    Problems,
     above,
     at_least,
     between,
@@ -27,7 +26,7 @@ from mservd.config.convert import (
     valid_regex,
     valid_regex_list,
 )
-from mservd.config.model_settings import MODELS_BLOCK_KEYS, convert_layer
+from mservd.config.model_keys import valid_models_block
 from mservd.config.yaml_files import read_model_metrics
 
 logger = logging.getLogger(__name__)
@@ -47,28 +46,6 @@ def valid_metrics_yaml(value: str) -> str:
     if value:
         read_model_metrics(value)  # a bad file stops the start, not the first get_metric
     return value
-
-
-def valid_models_block(value: dict[str, Any]) -> dict[str, Any]:
-    """The ``models=`` block must be {name: {version: {setting: value}}}; values are checked too,
-    so a bad entry is reported at start-up rather than when the model loads."""
-    problems: list[str] = []
-    for name, versions in value.items():
-        if not isinstance(versions, Mapping):
-            kind = type(versions).__name__
-            problems.append(f"model {name!r} must be an object of versions, got {kind}")
-            continue
-        for version, entry in versions.items():
-            where = f"model {name!r} version {version!r}"
-            if not isinstance(entry, Mapping):
-                kind = type(entry).__name__
-                problems.append(f"{where} must be an object of settings, got {kind}")
-                continue
-            convert_layer(entry, MODELS_BLOCK_KEYS, where, problems, {})
-    if problems:
-        raise Problems(problems)
-    return value
-
 
 
 # --- server settings --------------------------------------------------------------------------

@@ -11,75 +11,23 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from archiver import UnpackLimits
 from mservd import protocol
 from mservd.auth import INFERENCE
 from mservd.config import to_int
 from mservd.controller import overview
+from mservd.controller.model_service import ModelService, Respond, check_total_workers
 from mservd.controller.model_store import ModelStore
 from mservd.controller.registration import Registration, flag
 from mservd.controller.waiter import Waiter
 from mservd.core.advisor import advise
 from mservd.core.registry import ModelVersion
-from mservd.errors import (
-    BadRequest,
-    MethodNotAllowed,
-    ResourceNotFound,
-)
+from mservd.errors import BadRequest, MethodNotAllowed, ResourceNotFound
 from mservd.protocol import Reply
 
-if TYPE_CHECKING:
-    from mservd.auth import KeyStore
-    from mservd.config import Settings
-    from mservd.controller.supervisor import Supervisor
-    from mservd.core.metrics import Metrics
-    from mservd.core.registry import Registry
-    from mservd.core.scheduler import Scheduler
-
-
-class ModelService(Protocol):
-    """What the management verbs may use of the controller, and nothing more."""
-
-    settings: Settings
-    registry: Registry
-    supervisor: Supervisor
-    keys: KeyStore | None
-    metrics: Metrics
-    scheduler: Scheduler
-    started_at: float  # time.time() when the controller was made
-    run_dir: Path  # this daemon's run folder: unpacked archives, sockets
-    loading: set[tuple[str, str]]  # (name, version) of archives being unpacked
-    gpu_count: int  # the GPUs workers are placed on (0: the CPU)
-
-    def submit(self, fn: Callable[..., Any], done: Callable[[Future], None],
-               *args: Any) -> None: ...
-
-    def wait_for(self, waiter: Waiter) -> None: ...
-
-    def retire(self, mv: ModelVersion) -> None: ...
-
-    def default_changed(self, name: str) -> None: ...
-
-    def inference_key_changed(self) -> None: ...
-
-    def reconcile_pools(self, now: float) -> None: ...
-
-    def registry_changed(self) -> None: ...
-
-    def healthy(self) -> bool: ...
-
-    def ask_handler(self, mv: ModelVersion, frames: list[bytes],
-                    answer: Callable[[protocol.Result], None]) -> None: ...
-
 log = logging.getLogger(__name__)
-
-Respond = Callable[[Reply], None]
-
 
 
 def _iso_millis(when: float) -> str:
@@ -133,33 +81,10 @@ class Management:
     # -- register -----------------------------------------------------------------------
 
     def op_register(self, args: dict[str, Any], respond: Respond, *, startup: bool = False):
-        Registration(self, args, respond, startup).start()  # answers through respond
-
-    def failed_register(self, mv: ModelVersion) -> Reply:
-        """A register call's 500: its version removed, with why its workers did not start."""
-        error = mv.load_error or "the workers exited while loading"
-        message = f"Failed to start workers for model {mv.name} version: {mv.version}"
-        if self.ctl.registry.has_version(mv.name, mv.version):
-            self.ctl.registry.remove(mv.name, mv.version)
-            self.ctl.retire(mv)
-            self.ctl.registry_changed()
-        first = error.splitlines()[0] if error else ""
-        body = {"code": 500, "type": "InternalServerException",
-                "message": f"{message}: {first}", "traceback": error}
-        return Reply(500, body)
-
+        Registration(self.ctl, self.store, self.limits, args, respond,
+                     startup).start()  # answers through respond
 
     # -- scale, describe, list, unregister, default ---------------------------------------
-
-    def check_total_workers(self, wanted: int, besides: ModelVersion | None = None) -> None:
-        """400 unless ``wanted`` more workers (in place of ``besides``'s) fit in
-        max_workers_total: a call must not fork workers past what the machine was sized for."""
-        others = sum(mv.target_workers for mv in self.ctl.registry.all_versions()
-                     if mv is not besides)
-        cap = self.settings.max_workers_total
-        if others + wanted > cap:
-            raise BadRequest(f"{wanted} workers would make {others + wanted} in all, more than "
-                             f"max_workers_total ({cap}); {others} are taken by other models.")
 
     def op_scale(self, args: dict[str, Any], respond: Respond):
         mv = self.ctl.registry.get(args["model"], args.get("version"))
@@ -173,7 +98,7 @@ class Management:
         if max_worker > cap:
             raise BadRequest(f"max_worker ({max_worker}) is more than max_workers_per_model "
                              f"({cap}).")
-        self.check_total_workers(min_worker, besides=mv)
+        check_total_workers(self.ctl, min_worker, besides=mv)
         synchronous = flag(args.get("synchronous"), False)
         mv.target_workers = min_worker
         mv.max_workers = max_worker

@@ -14,7 +14,6 @@ import shutil
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,16 +24,16 @@ from archiver.manifest import validate_model_name, validate_version
 from mservd.config import ConfigError, read_model_yaml, resolve_model_settings, to_bool
 from mservd.controller import model_folder
 from mservd.controller.model_folder import FolderError, is_model_folder
+from mservd.controller.model_service import ModelService, Respond, check_total_workers
 from mservd.controller.waiter import Waiter
 from mservd.core.registry import ModelVersion
 from mservd.errors import BadRequest, Conflict, MservdError
 from mservd.protocol import Reply
 
 if TYPE_CHECKING:
-    from mservd.controller.management import Management
+    from mservd.controller.model_store import ModelStore
 
 log = logging.getLogger(__name__)
-Respond = Callable[[Reply], None]
 API_KEYS = ("batch_size", "max_batch_delay", "initial_workers", "response_timeout",
             "startup_timeout", "min_worker", "max_worker")  # the call's model settings
 
@@ -59,10 +58,11 @@ def unpack_archive(path: Path, dest: Path,
 class Registration:
     """A register call from its arguments to its answer (``respond``, called once)."""
 
-    def __init__(self, management: Management, args: dict[str, Any], respond: Respond,
-                 startup: bool) -> None:
-        self.management = management
-        self.ctl = management.ctl
+    def __init__(self, ctl: ModelService, store: ModelStore, limits: UnpackLimits,
+                 args: dict[str, Any], respond: Respond, startup: bool) -> None:
+        self.ctl = ctl
+        self.store = store
+        self.limits = limits
         self.args = args
         self.startup = startup  # the operator's own --models: absolute paths allowed
         self.url = args.get("url")
@@ -83,7 +83,7 @@ class Registration:
         self._respond(reply)
 
     def start(self) -> None:
-        store = self.management.store
+        store = self.store
         if self.remote:
             store.check_allowed(str(self.url))
             self.ctl.submit(store.download, self.downloaded, str(self.url))
@@ -125,7 +125,7 @@ class Registration:
         self.ctl.loading.add((name, version))
         dest = self.ctl.run_dir / "models" / name / f"{version}-{uuid.uuid4().hex[:8]}"
         self.ctl.submit(unpack_archive, lambda f: self.unpacked(f, name, version, dest),
-                        path, dest, self.management.limits)
+                        path, dest, self.limits)
 
     def unpacked(self, future: Future, name: str, version: str, dest: Path) -> None:
         self.ctl.loading.discard((name, version))
@@ -161,10 +161,10 @@ class Registration:
         """Add the version and start its workers; an unpacked copy goes if that fails."""
         ctl, url = self.ctl, self.url
         try:
-            settings = resolve_model_settings(self.management.settings, name, version,
+            settings = resolve_model_settings(ctl.settings, name, version,
                                               model_yaml=model_yaml, api=self.api_args,
                                               gpu_count=ctl.gpu_count)
-            self.management.check_total_workers(settings.min_workers)
+            check_total_workers(ctl, settings.min_workers)
             handler = self.args.get("handler") or doc["model"].get("handler")
             if not handler:
                 raise BadRequest(f"Archive {url!r} names no handler; pass handler=... or "
@@ -202,9 +202,9 @@ class Registration:
         def check(now: float) -> Reply | None:
             if not ctl.registry.has_version(mv.name, mv.version):
                 mv.load_error = mv.load_error or "the model was unregistered while loading"
-                return self.management.failed_register(mv)
+                return self.failed(mv)
             if ctl.supervisor.is_failed(mv):
-                return self.management.failed_register(mv)
+                return self.failed(mv)
             if mv.live_count() >= mv.target_workers:
                 return Reply(200, {"status": done})
             return None
@@ -212,6 +212,19 @@ class Registration:
         def timed_out() -> Reply:
             mv.load_error = mv.load_error or (
                 f"Workers were not ready within startup_timeout ({timeout} s).")
-            return self.management.failed_register(mv)
+            return self.failed(mv)
 
         ctl.wait_for(Waiter(self.respond, check, time.monotonic() + timeout + 5, timed_out))
+
+    def failed(self, mv: ModelVersion) -> Reply:
+        """A register call's 500: its version removed, with why its workers did not start."""
+        error = mv.load_error or "the workers exited while loading"
+        message = f"Failed to start workers for model {mv.name} version: {mv.version}"
+        if self.ctl.registry.has_version(mv.name, mv.version):
+            self.ctl.registry.remove(mv.name, mv.version)
+            self.ctl.retire(mv)
+            self.ctl.registry_changed()
+        first = error.splitlines()[0] if error else ""
+        body = {"code": 500, "type": "InternalServerException",
+                "message": f"{message}: {first}", "traceback": error}
+        return Reply(500, body)
