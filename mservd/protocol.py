@@ -400,8 +400,8 @@ def reply_prefix(backend: str) -> bytes | None:
 
 JOB_SOCKET = "jobs-"  # a worker's job socket is <run dir>/jobs-<pid>.sock
 # A message on a job socket: at most this long (a Unix socket's default send buffer is ~208 KiB;
-# bigger ones go the ZeroMQ way). A ping-pong between two processes on a 2-core machine took
-# 112 us over ZeroMQ ipc and 40 us over a SOCK_SEQPACKET pair: ZeroMQ's I/O threads each way.
+# bigger ones go the ZeroMQ way). A SOCK_SEQPACKET pair because it skips ZeroMQ's I/O threads
+# each way: what that saves a hop is in BENCHMARKS.md (`python -m benchmarks.hop_floor`).
 JOB_MESSAGE_MAX = 128 * 1024
 _LENGTH = struct.Struct("!I")
 

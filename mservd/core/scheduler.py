@@ -701,7 +701,8 @@ class Scheduler:
         recent ones, or a neighbouring size to measure it (``advisor.next_to_try``). A target
         alone never raises the batch set. Auto batches are no larger than the live workers'
         share of the most requests the version held lately (``held`` now, and
-        ``ModelVersion.largest_batch``: tiny at c=64 took 64 and answered 83 % of batch 16)."""
+        ``ModelVersion.largest_batch``; why in BENCHMARKS.md, "The batching advisor against
+        fixed batch sizes")."""
         mv.batches_since_sized += 1
         mv.held.append(held)
         if mv.batches_since_sized < SIZE_EVERY or now - mv.sized_at < SIZE_INTERVAL:
