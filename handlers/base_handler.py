@@ -155,9 +155,11 @@ class BaseHandler:
             )
         if not os.path.isfile(model_so_path):
             raise RuntimeError(f"Serialized file {model_so_path!r} does not exist.")
-        if self.device.type == "cuda":  # the loader takes no device index: the worker's own
-            torch.cuda.set_device(self.device)
-        return torch._export.aot_load(model_so_path, self.device.type)
+        device = self.device
+        assert device is not None, "initialize chooses the device before loading"
+        if device.type == "cuda":  # the loader takes no device index: the worker's own
+            torch.cuda.set_device(device)
+        return torch._export.aot_load(model_so_path, device.type)
 
     def _load_pickled_model(
         self, model_dir: str, model_file: str, model_pt_path: str | None

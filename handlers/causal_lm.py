@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,7 +128,9 @@ class CausalLM:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=model_dtype(str(handler_config.get("dtype", "auto")), self.device))
-        self.model.to(self.device).eval()
+        # transformers wraps `to` with functools.wraps, and typeshed's _Wrapped binds no self,
+        # so mypy takes the device for the model
+        self.model.to(self.device).eval()  # type: ignore[arg-type]
         self.default_max_tokens = int(handler_config.get("max_new_tokens", DEFAULT_MAX_TOKENS))
         self.context_length = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.max_prompt_tokens = min(self.context_length, int(
@@ -343,6 +346,7 @@ class CausalLM:
         if self.cache is None or not self.rows:
             self.cache, self.mask, self.rows = own, mask, list(rids)
             return
+        assert self.mask is not None, "the shared cache has its mask"
         width = max(self.mask.shape[1], mask.shape[1])
         for mine, theirs in zip(own.layers, self.cache.layers):
             theirs.keys = torch.cat([left_pad(theirs.keys, width), left_pad(mine.keys, width)])
@@ -367,6 +371,7 @@ class CausalLM:
         if not keep:
             self.cache, self.mask = None, None
             return
+        assert self.mask is not None, "rows are running: the shared cache has its mask"
         index = torch.tensor(keep, device=self.device)
         self.mask = self.mask[index]
         drop = int((self.mask.sum(dim=0) == 0).long().cumprod(0).sum())  # all-padding columns
@@ -380,6 +385,7 @@ class CausalLM:
     def decode(self, cache: dict[str, Any]) -> dict[str, CausalLM.TextDelta]:
         """One batched step over the shared cache; every unfinished sequence gets a token."""
         rows = self.rows
+        assert self.mask is not None, "step decodes only while rows are running"
         tokens = torch.tensor([[cache[r].next_token] for r in rows], device=self.device)
         positions = torch.tensor([[cache[r].position] for r in rows], device=self.device)
         self.mask = torch.cat([self.mask, torch.ones((len(rows), 1), dtype=torch.long,
@@ -441,13 +447,19 @@ class CausalLM:
         (vLLM's incremental detokenisation). Half of a character waits for the rest of its
         bytes, unless ``last``."""
         tokens = seq.generated
-        before = self.tokenizer.decode(tokens[seq.prefix_offset:seq.read_offset],
-                                       skip_special_tokens=True)
-        now = self.tokenizer.decode(tokens[seq.prefix_offset:], skip_special_tokens=True)
+        before = self.text_of(tokens[seq.prefix_offset:seq.read_offset])
+        now = self.text_of(tokens[seq.prefix_offset:])
         if len(now) > len(before) and (last or not now.endswith("\ufffd")):
             seq.prefix_offset, seq.read_offset = seq.read_offset, len(tokens)
             return now[len(before):]
         return ""
+
+    def text_of(self, ids: list[int]) -> str:
+        """The text of one sequence of token ids, special tokens left out."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        # decode is typed str | list[str]: a list for a batch of sequences, never for one
+        assert isinstance(text, str), "one sequence of ids decodes to one string"
+        return text
 
     @staticmethod
     def pick(seq: CausalLM.Sequence, logits: torch.Tensor) -> int:
@@ -482,7 +494,12 @@ class CausalLM:
             except Exception as exc:  # the template's own complaint (a role it does not know)
                 raise CausalLM.Refused(f"The messages do not fit the model's chat template: "
                                        f"{exc}") from None
-            ids = encoded if isinstance(encoded, torch.Tensor) else encoded["input_ids"]
+            ids: torch.Tensor
+            if isinstance(encoded, torch.Tensor):  # transformers 4: the ids alone
+                ids = encoded
+            else:  # transformers 5: a BatchEncoding (tokenize and return_dict are its defaults)
+                assert isinstance(encoded, Mapping), "a tokenized template is ids or a dict"
+                ids = encoded["input_ids"]
         else:
             prompt = request.get("prompt")
             if not isinstance(prompt, str) or not prompt:

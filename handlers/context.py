@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from handlers.metrics import MetricsRecorder
 
@@ -21,6 +21,8 @@ logger = logging.getLogger(__name__)
 SERVER_NAME = "mservd"
 
 StreamCallback = Callable[[int, Any], None]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -37,13 +39,19 @@ class ResponseMeta:
     content_type: str | None
 
 
-class RequestHeaders(dict):
+class RequestHeaders(dict[str, str]):
     """A request's headers under lower-case names, found by any case: a handler written for
     TorchServe may look up ``headers["X-Foo"]`` as its client spelled it."""
 
     def __getitem__(self, key: str) -> str:
         return super().__getitem__(key.lower() if isinstance(key, str) else key)
 
+    @overload
+    def get(self, key: str, default: None = None) -> str | None: ...
+    @overload
+    def get(self, key: str, default: str) -> str: ...
+    @overload
+    def get(self, key: str, default: _T) -> str | _T: ...
     def get(self, key: str, default: object = None) -> object:
         return super().get(key.lower() if isinstance(key, str) else key, default)
 

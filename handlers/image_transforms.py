@@ -41,7 +41,7 @@ class Resize:
         new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
         if (new_w, new_h) == (w, h):
             return image
-        return image.resize((new_w, new_h), Image.BILINEAR)
+        return image.resize((new_w, new_h), Image.Resampling.BILINEAR)
 
 
 class CenterCrop:

@@ -61,8 +61,11 @@ def _dimensions(dimensions: DimensionsArg) -> dict[str, str]:
         return {}
     if isinstance(dimensions, Mapping):
         return {str(k): str(v) for k, v in dimensions.items()}
+    # Pairs or Dimension objects here: mypy keeps Mapping[str, Any] in the union after the
+    # isinstance check above, and would take each entry for a str key.
+    entries: Iterable[Any] = dimensions
     result: dict[str, str] = {}
-    for dim in dimensions:
+    for dim in entries:
         if hasattr(dim, "name") and hasattr(dim, "value"):
             result[str(dim.name)] = str(dim.value)
         else:
@@ -73,7 +76,7 @@ def _dimensions(dimensions: DimensionsArg) -> dict[str, str]:
 
 # The model metrics TorchServe's default metrics.yaml declares (without a metrics_config):
 # each handler's get_metric finds them.
-TORCHSERVE_MODEL_METRICS = (
+TORCHSERVE_MODEL_METRICS: tuple[Mapping[str, Any], ...] = (
     {"name": "HandlerTime", "unit": "ms", "dimensions": ["ModelName", "Level"], "type": "gauge"},
     {"name": "PredictionTime", "unit": "ms", "dimensions": ["ModelName", "Level"],
      "type": "gauge"},

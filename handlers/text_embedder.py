@@ -93,9 +93,10 @@ class TextEmbedder(BaseHandler):
         """One vector per text, from passes over texts of similar length."""
         vectors = torch.empty((len(data), self.model.config.hidden_size))
         for rows in passes([len(ids) for ids in data], self.max_batch_tokens):
-            encoded = self.tokenizer.pad({"input_ids": [data[i] for i in rows]},
-                                         return_tensors="pt")
-            encoded = {key: tensor.to(self.device) for key, tensor in encoded.items()}
+            padded = self.tokenizer.pad({"input_ids": [data[i] for i in rows]},
+                                        return_tensors="pt")
+            encoded: dict[str, torch.Tensor] = {
+                key: tensor.to(self.device) for key, tensor in padded.items()}
             vectors[rows] = self.embed(encoded).float().cpu()
         return vectors
 

@@ -46,7 +46,7 @@ TS_ALIASES = {
 
 def _packages() -> set[str]:
     """``ts``, ``ts.torch_handler``, ...: every parent of an alias, an empty package."""
-    found = set()
+    found: set[str] = set()
     for name in TS_ALIASES:
         parts = name.split(".")[:-1]
         found.update(".".join(parts[: i + 1]) for i in range(len(parts)))

@@ -92,7 +92,7 @@ class VisionHandler(BatchedHandler):
     def open_image(self, raw: bytes) -> Image.Image:
         """The decoded image; a ``BadInputError`` when ``raw`` is not an image PIL can read."""
         try:
-            image = Image.open(io.BytesIO(raw))
+            image: Image.Image = Image.open(io.BytesIO(raw))
             image.load()
         except Image.DecompressionBombError as exc:
             raise BadInputError(
