@@ -96,20 +96,10 @@ def write_archive(
 
     files: dict[str, Path] = {}
     recorded_handler = _resolve_handler(handler, files)
-    named = {
-        "serialized_file": serialized_file,
-        "model_file": model_file,
-        "requirements_file": requirements_file,
-        "config_file": config_file,
-    }
-    recorded: dict[str, str | None] = {}
-    for option, value in named.items():
-        if value is None or str(value) == "":
-            recorded[option] = None
-            continue
-        path = _existing_file(value, option)
-        _add(files, path.name, path)
-        recorded[option] = path.name
+    serialized_name = _add_named(files, serialized_file, "serialized_file")
+    model_file_name = _add_named(files, model_file, "model_file")
+    requirements_name = _add_named(files, requirements_file, "requirements_file")
+    config_name = _add_named(files, config_file, "config_file")
     for arcname, path in _extra_files(extra_files):
         _add(files, arcname, path)
 
@@ -122,7 +112,10 @@ def write_archive(
         handler=recorded_handler,
         created_on=datetime.now().strftime("%d/%m/%Y %H:%M:%S"),
         archiver_version=__version__,
-        **recorded,
+        serialized_file=serialized_name,
+        model_file=model_file_name,
+        requirements_file=requirements_name,
+        config_file=config_name,
     )
     manifest_bytes = json.dumps(manifest.to_dict(), indent=2).encode("utf-8")
 
@@ -201,6 +194,18 @@ def _resolve_handler(handler: str | None, files: dict[str, Path]) -> str:
         )
     _add(files, candidate.name, candidate)
     return candidate.name + sep + function
+
+
+def _add_named(
+    files: dict[str, Path], value: str | os.PathLike[str] | None, option: str
+) -> str | None:
+    """Add the file of the ``option`` argument, and return the name the manifest records;
+    ``None`` when it is not given."""
+    if value is None or str(value) == "":
+        return None
+    path = _existing_file(value, option)
+    _add(files, path.name, path)
+    return path.name
 
 
 def _existing_file(value: str | os.PathLike[str], option: str) -> Path:
