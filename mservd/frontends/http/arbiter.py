@@ -126,7 +126,7 @@ class FrontendProtocol(ASGIProtocol):
             tls.abort()  # TLS layer then ends its handshake without an error), or a stop
             self.connection_lost(None)
             return
-        early, self._early = self._early, None
+        early, self._early = self._early or [], None
         super().connection_made(tls)
         for data in early:
             self.data_received(data)

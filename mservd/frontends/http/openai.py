@@ -15,7 +15,6 @@ OpenAI's ``{"error": {"message", "type", "param", "code"}}``; overload is 503 wi
 from __future__ import annotations
 
 import json
-from numbers import Real
 from typing import Any
 
 from mservd import protocol
@@ -134,5 +133,6 @@ def _number(doc: dict[str, Any], key: str, low: float, high: float) -> None:
     value = doc.get(key)
     if value is None:
         return
-    if not isinstance(value, Real) or isinstance(value, bool) or not low <= value <= high:
+    # JSON's numbers are int and float (a bool is an int to Python, not a number to JSON)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
         raise BadRequest(f'"{key}" must be a number from {low:g} to {high:g}.')
