@@ -115,10 +115,10 @@ class AsyncBridge:
             if address is not None:  # the controller knows this frontend by it
                 sock.setsockopt(zmq.ROUTING_ID, address.encode())
             self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            self._loop.add_reader(self._monitor.getsockopt(zmq.FD), self._on_socket_event)
+            self._loop.add_reader(self._monitor.fileno(), self._on_socket_event)
             sock.connect(self.endpoint)
             self._sock = sock
-            self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
+            self._loop.add_reader(sock.fileno(), self._drain)
             self._on_socket_event()  # takes the first edge: else the next may never signal
         return self._sock
 
@@ -177,7 +177,7 @@ class AsyncBridge:
         self._replies = replies
         self._replies_path = address[len("ipc://"):]
         self._leases = HeldLeases(address.encode(), self._loop, self._deliver)
-        self._loop.add_reader(replies.getsockopt(zmq.FD), self._drain)
+        self._loop.add_reader(replies.fileno(), self._drain)
         return address
 
     def _send(self, frames: list[bytes]) -> None:
@@ -285,7 +285,7 @@ class AsyncBridge:
         frames = [kind, rid, *answer]
         if kind == protocol.REPLY:
             del self._waiting[rid]
-        if type(waiter) is asyncio.Queue:
+        if isinstance(waiter, asyncio.Queue):
             waiter.put_nowait(frames)
         elif kind == protocol.REPLY:
             if not waiter.done():
@@ -319,7 +319,7 @@ class AsyncBridge:
                 got = await waiter
             finally:
                 timer.cancel()
-            if type(got) is asyncio.Queue:
+            if isinstance(got, asyncio.Queue):
                 first = await self._next_part(got, timeout)
                 if stream:
                     streaming = True
@@ -390,7 +390,7 @@ class AsyncBridge:
         """The client went away: the controller drops the request if it is still queued, and
         the coroutine awaiting it gets :class:`ClientGone` (a stream just ends)."""
         waiter = self._waiting.pop(rid, None)
-        if type(waiter) is asyncio.Queue:
+        if isinstance(waiter, asyncio.Queue):
             waiter.put_nowait(None)
         elif waiter is not None and not waiter.done():
             waiter.set_exception(ClientGone())
@@ -458,21 +458,24 @@ class AsyncBridge:
         self._monitor_check = self._watch = None
         if self._monitor is not None and self._sock is not None:
             self._sock.disable_monitor()
-        self._monitor = self._unwatch(self._monitor)
+        self._unwatch(self._monitor)
+        self._monitor = None
         if self._leases is not None:
             self._leases.close()
             self._leases = None
         if self._replies is not None:
-            self._replies = self._unwatch(self._replies)
+            self._unwatch(self._replies)
+            self._replies = None
             with contextlib.suppress(OSError):
                 os.unlink(self._replies_path)
-        self._sock = self._unwatch(self._sock)
+        self._unwatch(self._sock)
+        self._sock = None
         if self._ctx is not None:
             self._ctx.term()
 
     def _unwatch(self, sock: Any) -> None:
-        """Stop reading ``sock`` and close it (None: nothing to do); None, for its holder."""
+        """Stop reading ``sock`` and close it (None: nothing to do)."""
         if sock is not None:
             if self._loop is not None:
-                self._loop.remove_reader(sock.getsockopt(zmq.FD))
+                self._loop.remove_reader(sock.fileno())
             sock.close(linger=0)

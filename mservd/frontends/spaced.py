@@ -30,7 +30,8 @@ from mservd.errors import MservdError
 SPACING = 9.0  # a question's time, times this, passes before the next one starts
 MAX_WAITING = 64  # different questions waiting at once in one lane; past it refused
 
-T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)  # a question, as its askers share it
+T = TypeVar("T")  # its answer
 
 
 class TooManyQuestions(MservdError):
@@ -38,23 +39,23 @@ class TooManyQuestions(MservdError):
     type = "ServiceUnavailableException"
 
 
-class Lane:
+class Lane(Generic[K]):
     """One kind of question: its questions by client, the clients taking turns."""
 
     def __init__(self, name: str, per_client: int | None) -> None:
         self.name = name
         self.per_client = per_client  # questions one client may have waiting; None: no bound
-        self.clients: dict[Hashable, list[Hashable]] = {}  # client -> its keys, oldest first
+        self.clients: dict[Hashable, list[K]] = {}  # client -> its keys, oldest first
         self.count = 0  # keys waiting in all
 
-    def add(self, client: Hashable, key: Hashable) -> None:
+    def add(self, client: Hashable, key: K) -> None:
         self.clients.setdefault(client, []).append(key)
         self.count += 1
 
     def waiting_of(self, client: Hashable) -> int:
         return len(self.clients.get(client, ()))
 
-    def take(self) -> Hashable:
+    def take(self) -> K:
         """The oldest key of the client whose turn it is; that client goes last."""
         client = next(iter(self.clients))
         keys = self.clients.pop(client)
@@ -65,18 +66,18 @@ class Lane:
         return key
 
 
-class SpacedQuestions(Generic[T]):
-    def __init__(self, ask: Callable[[Hashable], Awaitable[T]], what: str,
+class SpacedQuestions(Generic[K, T]):
+    def __init__(self, ask: Callable[[K], Awaitable[T]], what: str,
                  per_client: dict[str, int] | None = None) -> None:
         self.ask = ask  # the question for a key, put to the controller
         self.what = what  # what the questions are, for the refusal's message
         self.per_client = per_client or {}  # lane -> questions one client may have waiting
-        self.waiting: dict[Hashable, asyncio.Future[T]] = {}  # by key, any lane
-        self.lanes: dict[str, Lane] = {}  # those with questions waiting, in turn order
+        self.waiting: dict[K, asyncio.Future[T]] = {}  # by key, any lane
+        self.lanes: dict[str, Lane[K]] = {}  # those with questions waiting, in turn order
         self.next_start = 0.0  # loop time before which no question starts
         self._asker: asyncio.Task | None = None
 
-    async def answer(self, key: Hashable, lane: str = "", client: Hashable = None) -> T:
+    async def answer(self, key: K, lane: str = "", client: Hashable = None) -> T:
         """The answer to the next question ``key`` asked from now, in ``lane``, for
         ``client`` (an address; None: anyone's, not bounded per client)."""
         waiting = self.waiting.get(key)
@@ -92,13 +93,13 @@ class SpacedQuestions(Generic[T]):
                 self._asker = loop.create_task(self._ask_in_turn())
         return await asyncio.shield(waiting)  # an asker that hangs up leaves it to the rest
 
-    def _lane(self, name: str) -> Lane:
+    def _lane(self, name: str) -> Lane[K]:
         queue = self.lanes.get(name)
         if queue is None:
             queue = self.lanes[name] = Lane(name, self.per_client.get(name))
         return queue
 
-    def _check_room(self, queue: Lane, lane: str, client: Hashable) -> None:
+    def _check_room(self, queue: Lane[K], lane: str, client: Hashable) -> None:
         if queue.count >= MAX_WAITING:
             raise TooManyQuestions(f"{MAX_WAITING} {self.what} ({lane or 'other'}) are waiting "
                                    "for the controller; retry later.", headers={"Retry-After": "1"})
@@ -109,7 +110,7 @@ class SpacedQuestions(Generic[T]):
                 "waiting for the controller; retry once they are answered.",
                 headers={"Retry-After": "1"})
 
-    def _next_key(self) -> Hashable:
+    def _next_key(self) -> K:
         """The next question: the lanes take turns, and the clients within a lane."""
         name = next(iter(self.lanes))
         queue = self.lanes.pop(name)
