@@ -1,15 +1,22 @@
 """A stateful model (TorchServe's sequenceBatching) served end to end: a handler written as
 TorchServe's stateful example keeps each sequence's running sum in its worker's memory, so a
-sum that comes out right proves the sequence's requests ran in order on one worker."""
+sum that comes out right proves the sequence's requests ran in order on one worker.
+
+The tests share one daemon, so each names its sequences afresh (``sequences.name``: a sum
+left in a worker under an old name would be added to) and ends every one it opened when it is
+done (``sequences`` ends them at teardown, pass or fail): a sequence left open takes a place of
+maxNumSequence and of the client's max_sequences_per_client, and shows in openSequences, so
+the next test, whichever it is, would be refused or miscount."""
 
 from __future__ import annotations
 
 import json
-import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from conftest import wait_until
 
 SEQ_ID = "ts_request_sequence_id"
 SEQ_END = "ts_request_sequence_end"
@@ -17,7 +24,7 @@ SEQ_END = "ts_request_sequence_end"
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, store):
-    from conftest import Daemon, wait_until, write_archive
+    from conftest import Daemon, write_archive
 
     write_archive(store, "stateful", "stateful_sum.py",
                   config={"sequenceBatching": True, "minWorkers": 2, "maxWorkers": 2,
@@ -36,6 +43,44 @@ def daemon(tmp_path_factory, store):
     daemon.stop()
 
 
+class Sequences:
+    """The sequences one test opens: fresh names for it, and each ended at its teardown."""
+
+    def __init__(self, daemon) -> None:
+        self.daemon = daemon
+        self.opened: list[tuple[str, str]] = []
+
+    def name(self, model: str, prefix: str) -> str:
+        """A sequence id no other test (or earlier run of this one) has used."""
+        return self.track(model, f"{prefix}-{uuid.uuid4().hex[:8]}")
+
+    def track(self, model: str, sequence: str) -> str:
+        """Remember a sequence the server opened (and named) for this test, to end it."""
+        self.opened.append((model, sequence))
+        return sequence
+
+    def end_all(self) -> None:
+        # the last opened first: one idle since would be opened again by its end request,
+        # and on statefulone (maxNumSequence 1) refused while a later one is still open
+        for model, sequence in reversed(self.opened):
+            add(self.daemon, model, 0, sequence, end=True)
+        for model in {model for model, _ in self.opened}:
+            wait_until(lambda model=model: open_sequences(self.daemon, model) == 0, 10,
+                       f"the test's sequences of {model} to close",
+                       details=self.daemon.logs)
+
+
+@pytest.fixture
+def sequences(daemon):
+    opened = Sequences(daemon)
+    yield opened
+    opened.end_all()
+
+
+def open_sequences(daemon, model: str) -> int:
+    return daemon.describe(model)[0]["jobQueueStatus"]["openSequences"]
+
+
 def add(daemon, model: str, n: int, sequence: str | None = None, sleep: float = 0.0,
         end: bool = False):
     headers = {}
@@ -47,17 +92,17 @@ def add(daemon, model: str, n: int, sequence: str | None = None, sleep: float = 
 
 
 def test_each_sequence_runs_in_order_on_one_worker_and_the_sequences_share_both(
-        daemon) -> None:
+        daemon, sequences) -> None:
     def sequence(name: str) -> list[dict]:
         answers = []
-        for n in range(1, 9):  # the last one ends it: the next tests open their own
+        for n in range(1, 9):  # the last one ends it
             answer = add(daemon, "stateful", n, name, sleep=0.01, end=n == 8)
             assert answer.status_code == 200, answer.text
             assert answer.headers[SEQ_ID] == name
             answers.append(answer.json())
         return answers
 
-    names = [f"seq-{i}" for i in range(4)]
+    names = [sequences.name("stateful", f"seq-{i}") for i in range(4)]
     with ThreadPoolExecutor(4) as pool:
         results = dict(zip(names, pool.map(sequence, names)))
     for name, answers in results.items():
@@ -68,21 +113,22 @@ def test_each_sequence_runs_in_order_on_one_worker_and_the_sequences_share_both(
     assert len({answers[0]["pid"] for answers in results.values()}) == 2
 
 
-def test_requests_of_one_sequence_sent_at_once_run_one_at_a_time(daemon) -> None:
+def test_requests_of_one_sequence_sent_at_once_run_one_at_a_time(daemon, sequences) -> None:
+    together = sequences.name("stateful", "together")
     with ThreadPoolExecutor(6) as pool:
-        answers = list(pool.map(lambda _: add(daemon, "stateful", 1, "together", sleep=0.05),
+        answers = list(pool.map(lambda _: add(daemon, "stateful", 1, together, sleep=0.05),
                                 range(6)))
     assert [a.status_code for a in answers] == [200] * 6
     # one at a time: each saw the sum the one before it left, never a batch-mate's
     assert sorted(a.json()["sum"] for a in answers) == [1, 2, 3, 4, 5, 6]
     assert {a.json()["batch"] for a in answers} == {1}
-    assert add(daemon, "stateful", 1, "together", end=True).json()["sum"] == 7
+    assert add(daemon, "stateful", 1, together, end=True).json()["sum"] == 7
 
 
-def test_a_request_naming_no_sequence_opens_one_and_is_told_its_id(daemon) -> None:
+def test_a_request_naming_no_sequence_opens_one_and_is_told_its_id(daemon, sequences) -> None:
     first = add(daemon, "stateful", 5)
     assert first.status_code == 200, first.text
-    sequence = first.headers[SEQ_ID]
+    sequence = sequences.track("stateful", first.headers[SEQ_ID])
     assert sequence.startswith("ts-seq-")
     assert first.json()["start"] == "true" and first.json()["sequence"] == sequence
     then = add(daemon, "stateful", 7, sequence, end=True)
@@ -90,30 +136,36 @@ def test_a_request_naming_no_sequence_opens_one_and_is_told_its_id(daemon) -> No
 
 
 def test_past_max_num_sequence_a_new_sequence_is_refused_503_until_one_idles_out(
-        daemon) -> None:
-    assert add(daemon, "statefulone", 1, "only").status_code == 200
-    refused = add(daemon, "statefulone", 1, "another")
+        daemon, sequences) -> None:
+    only = sequences.name("statefulone", "only")
+    another = sequences.name("statefulone", "another")
+    assert add(daemon, "statefulone", 1, only).status_code == 200
+    refused = add(daemon, "statefulone", 1, another)
     assert refused.status_code == 503
     body = refused.json()
     assert body["code"] == 503 and body["type"] == "ServiceUnavailableException"
     assert "maxNumSequence" in body["message"]
     assert "Retry-After" not in refused.headers  # not overload: the open sequence goes on,
-    going_on = add(daemon, "statefulone", 1, "only")  # not held at the door a moment
+    going_on = add(daemon, "statefulone", 1, only)  # not held at the door a moment
     assert going_on.status_code == 200 and going_on.json()["sum"] == 2
-    time.sleep(0.5)  # sequenceMaxIdleMSec is 400
-    answer = add(daemon, "statefulone", 3, "another")
+    wait_until(lambda: open_sequences(daemon, "statefulone") == 0, 10,
+               "the sequence to idle out (sequenceMaxIdleMSec is 400)", interval=0.05)
+    answer = add(daemon, "statefulone", 3, another)
     assert answer.status_code == 200 and answer.json()["sum"] == 3
 
 
-def test_the_request_marked_end_closes_its_sequence(daemon) -> None:
-    time.sleep(0.5)  # the last test's sequence idles out
-    assert add(daemon, "statefulone", 2, "short", end=True).status_code == 200
-    answer = add(daemon, "statefulone", 4, "next")  # at once: "short" has ended
+def test_the_request_marked_end_closes_its_sequence(daemon, sequences) -> None:
+    short = sequences.name("statefulone", "short")
+    following = sequences.name("statefulone", "next")
+    assert add(daemon, "statefulone", 2, short, end=True).status_code == 200
+    # at once: "short" has ended (statefulone's maxNumSequence is 1, its idle time 400 ms)
+    answer = add(daemon, "statefulone", 4, following)
     assert answer.status_code == 200, answer.text
 
 
-def test_describe_shows_a_stateful_models_settings_and_open_sequences(daemon) -> None:
-    add(daemon, "stateful", 1, "described")
+def test_describe_shows_a_stateful_models_settings_and_open_sequences(daemon, sequences) -> None:
+    described_id = sequences.name("stateful", "described")
+    assert add(daemon, "stateful", 1, described_id).status_code == 200
     [described] = daemon.describe("stateful")
     assert described["stateful"] is True and described["sequenceBatching"] is True
     assert (described["maxNumSequence"], described["maxSequenceJobQueueSize"],
@@ -125,11 +177,11 @@ def test_describe_shows_a_stateful_models_settings_and_open_sequences(daemon) ->
     text = ok(mservd("models", "describe", "stateful", daemon=daemon))
     assert ("  sequences:        1 open of 8, 10 queued each at most, closed idle 60000 ms"
             in text.splitlines()), text
-    add(daemon, "stateful", 1, "described", end=True)
+    assert add(daemon, "stateful", 1, described_id, end=True).status_code == 200
     assert daemon.describe("stateful")[0]["jobQueueStatus"]["openSequences"] == 0
 
 
-def test_torchserve_grpc_sequence_id_and_stream_predictions2(daemon) -> None:
+def test_torchserve_grpc_sequence_id_and_stream_predictions2(daemon, sequences) -> None:
     from mservd.frontends.grpc.generated import inference_pb2, inference_pb2_grpc
 
     channel = grpc.insecure_channel(daemon.grpc_address("inference"))
@@ -141,9 +193,10 @@ def test_torchserve_grpc_sequence_id_and_stream_predictions2(daemon) -> None:
             model_name=model, input={"data": json.dumps({"add": n}).encode()},
             sequence_id=sequence)
 
-    answer = stub.Predictions(request(2, "grpc-seq"), metadata=key, timeout=30)
-    assert answer.sequence_id == "grpc-seq" and json.loads(answer.prediction)["sum"] == 2
-    answer = stub.Predictions(request(3, "grpc-seq"), timeout=30,  # the end, as metadata
+    named = sequences.name("stateful", "grpc-seq")
+    answer = stub.Predictions(request(2, named), metadata=key, timeout=30)
+    assert answer.sequence_id == named and json.loads(answer.prediction)["sum"] == 2
+    answer = stub.Predictions(request(3, named), timeout=30,  # the end, as metadata
                               metadata=key + (("ts_request_sequence_end", "true"),))
     assert json.loads(answer.prediction)["sum"] == 5
 
@@ -151,7 +204,7 @@ def test_torchserve_grpc_sequence_id_and_stream_predictions2(daemon) -> None:
     requests = [request(1), request(2), request(3, model="nope"), request(4)]
     answers = list(stub.StreamPredictions2(iter(requests), metadata=key, timeout=60))
     assert len(answers) == 4
-    opened = answers[0].sequence_id
+    opened = sequences.track("stateful", answers[0].sequence_id)
     assert opened.startswith("ts-seq-")
     assert [json.loads(a.prediction)["sum"] for a in (answers[0], answers[1], answers[3])] == [
         1, 3, 7]
@@ -164,6 +217,7 @@ def test_torchserve_grpc_sequence_id_and_stream_predictions2(daemon) -> None:
     last = request(5)
     last.input[SEQ_END] = b"true"
     answers = list(stub.StreamPredictions2(iter([request(1), last]), metadata=key, timeout=60))
+    sequences.track("stateful", answers[0].sequence_id)
     assert [json.loads(a.prediction)["sum"] for a in answers] == [1, 6]
     assert daemon.describe("stateful")[0]["jobQueueStatus"]["openSequences"] == before
     channel.close()
