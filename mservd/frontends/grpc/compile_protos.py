@@ -1,5 +1,8 @@
 """Regenerate the Python stubs in ``generated/`` from the ``.proto`` files in ``protos/``.
 
+Besides the modules, protoc writes each message module's ``.pyi``: protoc's modules build their
+classes at import time, so without it mypy knows none of the message types the servicers use.
+
 ``python -m mservd.frontends.grpc.compile_protos [OUT_DIR]``. The stubs are committed so a daemon
 needs no protoc at run time; tests/unit/test_grpc_stubs.py regenerates them into a temporary
 folder and compares byte for byte, so they cannot drift from the .proto files.
@@ -21,14 +24,16 @@ log = logging.getLogger(__name__)
 
 
 def generate(out_dir: Path = GENERATED) -> list[Path]:
-    """Run grpc_tools.protoc on every proto; imports between stubs made package-relative."""
+    """Run grpc_tools.protoc on every proto (modules and their type stubs); imports between
+    modules made package-relative."""
     import grpc_tools
     from grpc_tools import protoc
 
     out_dir.mkdir(parents=True, exist_ok=True)
     include = Path(grpc_tools.__file__).parent / "_proto"
     args = ["protoc", f"-I{PROTOS}", f"-I{include}", f"--python_out={out_dir}",
-            f"--grpc_python_out={out_dir}", *[str(PROTOS / name) for name in PROTO_FILES]]
+            f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}",
+            *[str(PROTOS / name) for name in PROTO_FILES]]
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed on {PROTO_FILES} in {PROTOS}")
     written = []
@@ -40,6 +45,7 @@ def generate(out_dir: Path = GENERATED) -> list[Path]:
             text = text.replace(f"import {stem}_pb2 as ", f"from . import {stem}_pb2 as ")
             path.write_text(text)
             written.append(path)
+        written.append(out_dir / f"{stem}_pb2.pyi")  # imports only google.protobuf's modules
     return written
 
 

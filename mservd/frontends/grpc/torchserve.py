@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypedDict
 from urllib.parse import unquote
 
 import grpc
+from google.protobuf import empty_pb2
 
 from mservd import protocol
 from mservd.errors import BadRequest, error_message
@@ -115,7 +116,13 @@ async def remembering(bridge: AsyncBridge, api: str, token: str | None,
     return reply
 
 
-def sequence_of(reply: Reply) -> dict[str, str]:
+class Sequenced(TypedDict, total=False):
+    """A response's ``sequence_id`` field, when its answer names one."""
+
+    sequence_id: str
+
+
+def sequence_of(reply: Reply) -> Sequenced:
     """The answer's sequence id, from its header (a stateful model's answers carry it)."""
     sequence = (reply.headers or {}).get(protocol.SEQUENCE_ID)
     return {"sequence_id": sequence} if sequence else {}
@@ -136,7 +143,7 @@ def failed(status: int, body: bytes, sequence_id: str) -> inference_pb2.Predicti
                                     message=error_message(body)))
 
 
-async def _parts(reply: Reply, named: dict[str, str], out: asyncio.Queue,
+async def _parts(reply: Reply, named: Sequenced, out: asyncio.Queue,
                  room: asyncio.Semaphore) -> None:
     """A streamed answer's later parts, each as a response of its own once there is
     ``room``; a final answer that failed (a deadline, a worker that died) as a failed
@@ -144,8 +151,9 @@ async def _parts(reply: Reply, named: dict[str, str], out: asyncio.Queue,
     try:
         async for body in reply.stream:
             await room.acquire()
-            if (reply.final_status or 200) >= 400:
-                out.put_nowait(failed(reply.final_status, body, named.get("sequence_id", "")))
+            final_status = reply.final_status or 200
+            if final_status >= 400:
+                out.put_nowait(failed(final_status, body, named.get("sequence_id", "")))
             else:
                 out.put_nowait(inference_pb2.PredictionResponse(prediction=body, **named))
     except Exception as exc:  # to the call, not lost in a task
@@ -162,18 +170,22 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
         self.auth = auth
         self.write_timeout = write_timeout  # for each answer of a stream (write_deadline.py)
 
-    async def Ping(self, request, context):
+    async def Ping(self, request: empty_pb2.Empty,
+                   context: grpc.aio.ServicerContext) -> inference_pb2.TorchServeHealthResponse:
         try:  # anyone may ask: spaced (AsyncBridge.ask_open)
             reply = await self.bridge.ask_open("ping", {}, None, 10.0)
         except (ControllerGone, TooManyQuestions) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         return inference_pb2.TorchServeHealthResponse(health=reply.body.decode())
 
-    async def Predictions(self, request, context):
+    async def Predictions(self, request: inference_pb2.PredictionsRequest,
+                          context: grpc.aio.ServicerContext) -> inference_pb2.PredictionResponse:
         reply = await self._predict(request, context, stream=False)
         return inference_pb2.PredictionResponse(prediction=reply.body, **sequence_of(reply))
 
-    async def StreamPredictions(self, request, context):
+    async def StreamPredictions(
+        self, request: inference_pb2.PredictionsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.PredictionResponse]:
         """One response per part a streaming handler sends, the final answer last (TorchServe's
         send_intermediate_predict_response); one response for any other handler."""
         reply = await self._predict(request, context, stream=True)
@@ -185,16 +197,19 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
                                                        **sequence_of(reply))
             if reply.stream is not None:
                 async for body in reply.stream:
-                    if (reply.final_status or 200) >= 400:  # it failed after it began
-                        await context.abort(status_code(reply.final_status),
-                                            error_message(body))
+                    final_status = reply.final_status or 200
+                    if final_status >= 400:  # it failed after it began
+                        await context.abort(status_code(final_status), error_message(body))
                     with deadline.writing():
                         yield inference_pb2.PredictionResponse(prediction=body)
         finally:  # the client cancelled mid-stream: the request is dropped
             if reply.give_up is not None:
                 reply.give_up()
 
-    async def StreamPredictions2(self, requests, context):
+    async def StreamPredictions2(
+        self, requests: AsyncIterator[inference_pb2.PredictionsRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[inference_pb2.PredictionResponse]:
         """TorchServe's stream of a stateful model's sequence: each request is answered in
         turn, a failed one with the answer's ``status`` (the stream goes on), a streamed answer
         with one response per part. A request is sent once the one before it has begun to
@@ -215,6 +230,10 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
             for task in (sender, *streams):
                 task.cancel()
 
+        def streamed(task: asyncio.Task) -> None:  # a streamed answer's parts are all out
+            streams.discard(task)
+            out.put_nowait(END)
+
         deadline = WriteDeadline(context, "StreamPredictions2", self.write_timeout, drop)
         try:
             while True:
@@ -225,8 +244,7 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
                     continue
                 if isinstance(item, asyncio.Task):  # a streamed answer's later parts
                     streams.add(item)
-                    item.add_done_callback(lambda task: (streams.discard(task),
-                                                         out.put_nowait(END)))
+                    item.add_done_callback(streamed)
                     continue
                 if isinstance(item, BaseException):
                     raise item
@@ -236,7 +254,8 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
         finally:
             drop()
 
-    async def _send_in_turn(self, requests, context, out: asyncio.Queue,
+    async def _send_in_turn(self, requests: AsyncIterator[inference_pb2.PredictionsRequest],
+                            context: grpc.aio.ServicerContext, out: asyncio.Queue,
                             room: asyncio.Semaphore) -> None:
         """StreamPredictions2's requests, each sent once the one before has its first answer,
         which goes to ``out`` (and a task that sends on its later parts)."""
@@ -266,14 +285,16 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
         finally:
             out.put_nowait(END)
 
-    async def _predict(self, request, context, stream: bool) -> Reply:
+    async def _predict(self, request: inference_pb2.PredictionsRequest,
+                       context: grpc.aio.ServicerContext, stream: bool) -> Reply:
         try:
             call = await self._call(request, context, stream)
         except BadRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
         return await ask(context, call)
 
-    async def _call(self, request, context, stream: bool) -> Awaitable[Reply]:
+    async def _call(self, request: inference_pb2.PredictionsRequest,
+                    context: grpc.aio.ServicerContext, stream: bool) -> Awaitable[Reply]:
         """The request, checked and sent to the controller: its answer, to await. Raises
         BadRequest for a request without a model or an input."""
         if not request.model_name:
@@ -305,7 +326,8 @@ class ManagementAPIs(management_pb2_grpc.ManagementAPIsServiceServicer):
         self.bridge = bridge
         self.auth = auth
 
-    async def _manage(self, op: str, args: dict[str, Any], context) -> Any:
+    async def _manage(self, op: str, args: dict[str, Any],
+                      context: grpc.aio.ServicerContext) -> management_pb2.ManagementResponse:
         args = {k: v for k, v in args.items() if v is not None}
         token = metadata_token(context, self.auth)
         reply = await ask(context, remembering(
@@ -313,18 +335,24 @@ class ManagementAPIs(management_pb2_grpc.ManagementAPIsServiceServicer):
             self.bridge.manage(op, args, token, MANAGE_TIMEOUT)))
         return management_pb2.ManagementResponse(msg=reply.body.decode("utf-8", "replace"))
 
-    async def DescribeModel(self, request, context):
+    async def DescribeModel(
+        self, request: management_pb2.DescribeModelRequest, context: grpc.aio.ServicerContext
+    ) -> management_pb2.ManagementResponse:
         return await self._manage("describe", {"model": request.model_name,
                                                "version": request.model_version or None,
                                                "customized": request.customized or None},
                                   context)
 
-    async def ListModels(self, request, context):
+    async def ListModels(
+        self, request: management_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> management_pb2.ManagementResponse:
         return await self._manage("list", {"limit": request.limit or None,
                                            "next_page_token": request.next_page_token or None},
                                   context)
 
-    async def RegisterModel(self, request, context):
+    async def RegisterModel(
+        self, request: management_pb2.RegisterModelRequest, context: grpc.aio.ServicerContext
+    ) -> management_pb2.ManagementResponse:
         return await self._manage("register", {
             "url": request.url,
             "model_name": request.model_name or None,
@@ -336,7 +364,9 @@ class ManagementAPIs(management_pb2_grpc.ManagementAPIsServiceServicer):
             "synchronous": "true" if request.synchronous else "false",
         }, context)
 
-    async def ScaleWorker(self, request, context):
+    async def ScaleWorker(
+        self, request: management_pb2.ScaleWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> management_pb2.ManagementResponse:
         return await self._manage("scale", {
             "model": request.model_name,
             "version": request.model_version or None,
@@ -345,11 +375,15 @@ class ManagementAPIs(management_pb2_grpc.ManagementAPIsServiceServicer):
             "synchronous": "true" if request.synchronous else "false",
         }, context)
 
-    async def SetDefault(self, request, context):
+    async def SetDefault(
+        self, request: management_pb2.SetDefaultRequest, context: grpc.aio.ServicerContext
+    ) -> management_pb2.ManagementResponse:
         return await self._manage("set_default", {"model": request.model_name,
                                                   "version": request.model_version}, context)
 
-    async def UnregisterModel(self, request, context):
+    async def UnregisterModel(
+        self, request: management_pb2.UnregisterModelRequest, context: grpc.aio.ServicerContext
+    ) -> management_pb2.ManagementResponse:
         return await self._manage("unregister", {"model": request.model_name,
                                                  "version": request.model_version or None},
                                   context)

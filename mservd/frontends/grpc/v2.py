@@ -191,36 +191,42 @@ class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
         # malloc arena, not one per thread of asyncio's default pool)
         self.converter = ThreadPoolExecutor(1, thread_name_prefix="v2-contents")
 
-    async def _ping(self, context) -> int:
+    async def _ping(self, context: grpc.aio.ServicerContext) -> int:
         try:  # anyone may ask: spaced (AsyncBridge.ask_open)
             return (await self.bridge.ask_open("ping", {}, None, 10.0)).status
         except (ControllerGone, TooManyQuestions) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             raise
 
-    async def ServerLive(self, request, context):
+    async def ServerLive(self, request: pb.ServerLiveRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
         await self._ping(context)
         return pb.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request, context):
+    async def ServerReady(self, request: pb.ServerReadyRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=await self._ping(context) == 200)
 
-    async def ServerMetadata(self, request, context):
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest,
+                             context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name="mservd", version=__version__,
                                          extensions=EXTENSIONS)
 
-    async def _model(self, op: str, request, context) -> dict[str, Any]:
+    async def _model(self, op: str, request: pb.ModelReadyRequest | pb.ModelMetadataRequest,
+                     context: grpc.aio.ServicerContext) -> dict[str, Any]:
         token = metadata_token(context, self.auth)
         reply = await ask(context, self.bridge.ask_open(  # as over HTTP: anyone may ask, spaced
             op, {"model": request.name, "version": request.version or None}, token, 10.0,
             api=protocol.API_INFERENCE))
         return json.loads(reply.body)
 
-    async def ModelReady(self, request, context):
+    async def ModelReady(self, request: pb.ModelReadyRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
         return pb.ModelReadyResponse(ready=bool((await self._model("v2_model_ready", request,
                                                                    context))["ready"]))
 
-    async def ModelMetadata(self, request, context):
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest,
+                            context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
         doc = await self._model("v2_model_metadata", request, context)
         tensors = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
@@ -236,7 +242,8 @@ class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return await asyncio.get_running_loop().run_in_executor(self.converter, to_rest_body,
                                                                 request)
 
-    async def ModelInfer(self, request, context):
+    async def ModelInfer(self, request: pb.ModelInferRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         try:
             body, header_length = await self._rest_body(request)
         except V2Error as exc:
