@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Self
 
 from benchmarks import loadgen, rounds
 from benchmarks.scenarios import workload_for
@@ -35,7 +36,7 @@ class PageReader:
     def documents(self) -> int:
         return self.out.read_bytes().count(b"\n\n")  # each event ends with a blank line
 
-    def __enter__(self) -> PageReader:
+    def __enter__(self) -> Self:
         with open(self.out, "wb") as out:
             self.proc = subprocess.Popen(["curl", "-sN", self.url], stdout=out,
                                          stderr=subprocess.DEVNULL)

@@ -29,6 +29,7 @@ with the load averages before the windows.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import queue
@@ -36,8 +37,9 @@ import statistics
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import requests
 
@@ -70,7 +72,7 @@ class Window:
             self.tokens += tokens if len(inside) == len(times) else len(inside)
             if inside:
                 self.first.append(inside[0] - started)
-                self.gaps.extend(b - a for a, b in zip(inside, inside[1:]))
+                self.gaps.extend(b - a for a, b in itertools.pairwise(inside))
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -293,8 +295,8 @@ def summarize(rounds: list[Any]) -> list[dict] | dict:
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = ["| system | streams | tokens/s | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | "
-             "ITL p99 (ms) | errors |", "|---|---|---|---|---|---|---|---|"]
+    lines = [("| system | streams | tokens/s | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | "
+              "ITL p99 (ms) | errors |"), "|---|---|---|---|---|---|---|---|"]
 
     def cell(row: dict, key: str) -> str:
         if key not in row:

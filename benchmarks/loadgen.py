@@ -183,7 +183,7 @@ class _Conn(asyncio.Protocol):
     def _answer(self) -> None:
         try:
             answer = self._parse()
-        except Exception as exc:  # noqa: BLE001 -- a malformed answer fails this request
+        except Exception as exc:  # a malformed answer fails this request
             self.idx = -1
             self.close()
             self.driver.failed(self, "conn", f"connection: bad response: {exc}")

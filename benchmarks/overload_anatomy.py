@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import statistics
@@ -165,7 +166,7 @@ def _number(value: float) -> str:
 
 def spread(values: list[float]) -> str:
     """``median (min–max)``; a NaN (nothing of that kind in a round) is left out."""
-    values = [v for v in values if v == v]
+    values = [v for v in values if not math.isnan(v)]
     if not values:
         return "–"
     return (f"{_number(statistics.median(values))} "

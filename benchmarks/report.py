@@ -205,8 +205,8 @@ def _judgements(sy: dict[str, Any], inproc: dict[str, Any]) -> list[tuple[str, b
         ratio = _over(t64["throughput"], ts64["throughput"])
         out.append(("tiny c=64 ≥ 2x TorchServe throughput, lower p99",
                     ratio >= 2 and t64["p99_ms"] < ts64["p99_ms"],
-                    f"{t64['throughput']:.0f} vs {ts64['throughput']:.0f} req/s ({ratio:.2f}x); "
-                    f"p99 {t64['p99_ms']:.1f} vs {ts64['p99_ms']:.1f} ms", f"{ratio:.2f}x"))
+                    (f"{t64['throughput']:.0f} vs {ts64['throughput']:.0f} req/s ({ratio:.2f}x); "
+                     f"p99 {t64['p99_ms']:.1f} vs {ts64['p99_ms']:.1f} ms"), f"{ratio:.2f}x"))
     c1, nf1 = _get(m, "tiny", "closed", "1"), _get(nf, "tiny", "closed", "1")
     if c1 and nf1:
         out.append(("tiny c=1 p50 ≤ 1.2x the naive Flask route's",
@@ -222,11 +222,11 @@ def _judgements(sy: dict[str, Any], inproc: dict[str, Any]) -> list[tuple[str, b
     if o and t64:
         refusal_p99 = o.get("error_p99_ms") or 0
         share = _over(o["throughput"], t64["throughput"])
-        out.append(("tiny open 1.8x, 100 ms target: accepted p99 < 100 ms, right answers ≥ 90 % "
-                    "of c=64's, refusals p99 < 20 ms",
+        out.append((("tiny open 1.8x, 100 ms target: accepted p99 < 100 ms, right answers ≥ 90 % "
+                     "of c=64's, refusals p99 < 20 ms"),
                     (o["p99_ms"] or 1e9) < 100 and share >= 0.9 and refusal_p99 < 20,
-                    f"accepted p99 {_fmt(o['p99_ms'])} ms, {o['throughput']:.0f} vs "
-                    f"{t64['throughput']:.0f} req/s, refusals p99 {_fmt(refusal_p99)} ms",
+                    (f"accepted p99 {_fmt(o['p99_ms'])} ms, {o['throughput']:.0f} vs "
+                     f"{t64['throughput']:.0f} req/s, refusals p99 {_fmt(refusal_p99)} ms"),
                     f"{share:.0%} (p99 {_fmt(o['p99_ms'], 0)} ms)"))
     # the limit measured just before mservd's c=64 (its median over the rounds, for the
     # medians), else the one measured once at the start of the run

@@ -210,7 +210,7 @@ def run_system(system: System, works: dict[str, ModelWork], plan: Plan, log,
             "processes")
         for name, work in works.items():
             out[name] = run_model(system, work, plan, log, (limits or {}).get(name))
-    except Exception as exc:  # noqa: BLE001 -- one system failing must not end the run
+    except Exception as exc:  # one system failing must not end the run
         out["error"] = f"{type(exc).__name__}: {exc}"[:4000]
         log(f"  ! {system.name} failed: {out['error'][:2000]}")
     finally:
@@ -243,7 +243,7 @@ def run_memory(system: System, works: dict[str, ModelWork], plan: Plan, log) -> 
                 f"{idle['pss_mib']:.0f} MiB; under load PSS "
                 f"{(sampler.peak or idle)['pss_mib']:.0f} MiB ({r.completed} ok, "
                 f"errors {r.errors})")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # one count failing must not end the sweep
             out[str(n)] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             log(f"  ! {system.name} memory with {n} workers failed: {out[str(n)]['error'][:500]}")
         finally:

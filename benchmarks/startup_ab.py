@@ -26,7 +26,7 @@ def one_start(system: Checkout, idle: float) -> dict[str, Any]:
     ready = system.start(MODELS)
     try:
         cpu: dict[str, float] = {}
-        for _pid, (role, seconds) in system.cpu_times().items():
+        for role, seconds in system.cpu_times().values():
             cpu[role] = cpu.get(role, 0.0) + seconds
         time.sleep(idle)
         pss = system.memory()["pss_mib"]

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,9 @@ class System:
         started = time.perf_counter()
         self.proc = subprocess.Popen(cmd, cwd=self.workdir, env=env, stdout=out,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=_below_the_client)
+                                     start_new_session=True,
+                                     # it calls os.nice alone: no lock a thread could hold
+                                     preexec_fn=_below_the_client)  # noqa: PLW1509
         try:
             self.wait_ready(models, time.monotonic() + START_TIMEOUT)
         except BaseException:
@@ -206,7 +209,7 @@ class System:
 
 class Mservd(System):
     name = "mservd"
-    properties: dict[str, Any] = {}  # more config.properties keys (a models= block, say)
+    properties: Mapping[str, Any] = {}  # more config.properties keys (a models= block, say)
 
     def command(self, models: list[str]) -> tuple[list[str], dict[str, str]]:
         props = {
@@ -319,8 +322,8 @@ def torchserve_version() -> str | None:
     python = TS_VENV / "bin" / "python"
     if not python.exists():
         return None
-    out = subprocess.run([str(python), "-c", "import importlib.metadata as m; "
-                          "print(m.version('torchserve'))"], capture_output=True, text=True,
+    script = "import importlib.metadata as m; print(m.version('torchserve'))"
+    out = subprocess.run([str(python), "-c", script], capture_output=True, text=True,
                          timeout=60, check=False)
     return out.stdout.strip() or None
 
