@@ -224,7 +224,7 @@ class Daemon:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             code = self.proc.wait()
-        gone, alive = psutil.wait_procs(children, timeout=10)
+        _gone, alive = psutil.wait_procs(children, timeout=10)
         for proc in alive:
             proc.kill()
         assert not alive, f"processes outlived the daemon: {[p.pid for p in alive]}"

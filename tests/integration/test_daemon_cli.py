@@ -17,7 +17,7 @@ ECHO = '{model_name="echo",model_version="1.0"}'
 
 def mservd(*args: str, cwd: Path, timeout: float = 200) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mservd", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
 
 
 def test_start_status_second_start_and_stop(tmp_path: Path, store: Path) -> None:

@@ -4,6 +4,7 @@ Playwright, no browser downloaded)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import threading
@@ -164,5 +165,5 @@ def test_the_event_stream_sends_a_document_a_second(daemon) -> None:
                 documents.append(json.loads(line[6:]))
             if len(documents) == 3:
                 break
-    gaps = [b["time"] - a["time"] for a, b in zip(documents, documents[1:])]
+    gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(documents)]
     assert all(gap >= 0.9 for gap in gaps), gaps  # paced by the server, not by the reader

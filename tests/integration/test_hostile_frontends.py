@@ -133,11 +133,11 @@ def test_the_dashboards_cookie_is_a_session_that_logout_and_rotation_end(
     assert as_key.status_code == 401, as_key.text
     from mservd.frontends.grpc.generated import management_pb2, management_pb2_grpc
 
-    with grpc.insecure_channel(daemon.grpc_address("management")) as channel:
-        with pytest.raises(grpc.RpcError) as refused:  # nor does gRPC management
-            management_pb2_grpc.ManagementAPIsServiceStub(channel).ListModels(
-                management_pb2.ListModelsRequest(), timeout=30,
-                metadata=(("authorization", f"Bearer {first_id}"),))
+    with (grpc.insecure_channel(daemon.grpc_address("management")) as channel,
+          pytest.raises(grpc.RpcError) as refused):  # nor does gRPC management
+        management_pb2_grpc.ManagementAPIsServiceStub(channel).ListModels(
+            management_pb2.ListModelsRequest(), timeout=30,
+            metadata=(("authorization", f"Bearer {first_id}"),))
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "opens the dashboard alone" in refused.value.details()
     # a cookie holding the key itself (the old cookie) opens nothing
@@ -249,7 +249,7 @@ def test_a_killed_daemons_frontends_end_their_streams_and_its_run_folder_goes_at
     assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value
     assert "controller" in ended.value.details()
     channel.close()
-    gone, alive = psutil.wait_procs(frontends, timeout=60)
+    _gone, alive = psutil.wait_procs(frontends, timeout=60)
     assert not alive, f"frontends outlived their controller: {alive}"
     assert run_folders[0].exists()  # nothing could remove it: the next start does
     second = daemon_factory({"load_models": "echo.mar", "model_store": str(trickle_store)},

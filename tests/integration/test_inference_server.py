@@ -87,7 +87,7 @@ def test_an_overlong_url_is_414_and_oversized_headers_431_both_as_json(daemon) -
     ]:
         with connect(daemon) as sock:
             sock.sendall(request)
-            [(status, headers, body)] = read_answers(sock, 1)
+            [(status, _headers, body)] = read_answers(sock, 1)
         assert status == code
         assert json.loads(body)["code"] == code
 

@@ -121,7 +121,7 @@ def test_describe_shows_real_worker_pids_and_settings(daemon) -> None:
     for worker in desc["workers"]:
         assert worker["status"] == "READY"
         started = datetime.datetime.strptime(worker["startTime"], "%Y-%m-%dT%H:%M:%S.%fZ")
-        assert abs(started.replace(tzinfo=datetime.timezone.utc).timestamp()
+        assert abs(started.replace(tzinfo=datetime.UTC).timestamp()
                    - psutil.Process(worker["pid"]).create_time()) < 5  # TorchServe's format
         parent = psutil.Process(worker["pid"]).parent()  # a fork of the zygote
         assert "mservd.worker.zygote" in " ".join(parent.cmdline())

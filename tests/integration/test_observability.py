@@ -188,10 +188,12 @@ def test_enable_metrics_api_false_serves_no_metrics_port(daemon_factory) -> None
                for api in ("inference", "management")}
     assert listening == served  # no third HTTP port
     shown = subprocess.run([sys.executable, "-m", "mservd", "metrics", "--log-dir",
-                            str(daemon.log_dir)], capture_output=True, text=True, timeout=120)
+                            str(daemon.log_dir)], capture_output=True, text=True, timeout=120,
+                           check=False)
     assert shown.returncode != 0 and "enable_metrics_api=false" in shown.stderr
     status = subprocess.run([sys.executable, "-m", "mservd", "status", "--log-dir",
-                             str(daemon.log_dir)], capture_output=True, text=True, timeout=120)
+                             str(daemon.log_dir)], capture_output=True, text=True, timeout=120,
+                            check=False)
     assert "metrics API:     off (enable_metrics_api=false)" in status.stdout, status.stderr
 
 

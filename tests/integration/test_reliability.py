@@ -22,8 +22,8 @@ ECHO = '{model_name="echo",model_version="1.0"}'
 def kill_three_workers(daemon, killed: list[int], answers: list) -> None:
     for _ in range(3):
         count = len(answers)  # the clients are served between kills
-        wait_until(lambda: len(answers) > count + 8, 30, "more answers")
-        pid = sorted(daemon.worker_pids("echo"))[0]
+        wait_until(lambda count=count: len(answers) > count + 8, 30, "more answers")
+        pid = min(daemon.worker_pids("echo"))
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
         wait_until(lambda: len(ready_pids(daemon) - set(killed)) == 2, 60,

@@ -72,7 +72,7 @@ def test_minilm_puts_a_paraphrase_closer_than_an_unrelated_sentence(daemon) -> N
     c = embed("Quarterly revenue grew by four percent.")
     assert len(a) == 384
     assert math.isclose(sum(x * x for x in a), 1.0, rel_tol=1e-4)
-    cos = lambda u, v: sum(x * y for x, y in zip(u, v))  # noqa: E731 - unit vectors
+    cos = lambda u, v: sum(x * y for x, y in zip(u, v))  # unit vectors
     assert cos(a, b) > cos(a, c) + 0.2
 
 

@@ -51,7 +51,7 @@ def test_registry_is_restored_after_sigkill_and_skips_a_corrupt_snapshot(tmp_pat
     finally:
         again.stop()
 
-    newest = sorted((tmp_path / "logs" / "config").glob("*-snapshot.json"))[-1]
+    newest = max((tmp_path / "logs" / "config").glob("*-snapshot.json"))
     (newest.parent / "99999999999999999999-snapshot.json").write_text('{"models": {"echo": ')
     third = Daemon(tmp_path, store, args=("--enable-model-api",)).start()
     try:

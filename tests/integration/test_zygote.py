@@ -74,7 +74,7 @@ def test_a_killed_zygote_takes_its_workers_and_both_come_back(daemon_factory) ->
     old_zygote = zygote_of(daemon)
     old_workers = daemon.worker_pids("echo")
     os.kill(old_zygote.pid, signal.SIGKILL)
-    gone, alive = psutil.wait_procs([psutil.Process(p) for p in old_workers], timeout=10)
+    _gone, alive = psutil.wait_procs([psutil.Process(p) for p in old_workers], timeout=10)
     assert alive == []  # the workers die with their zygote: none is orphaned
 
     def two_new_ready_workers() -> bool:

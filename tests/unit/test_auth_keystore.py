@@ -89,7 +89,7 @@ def test_keystore_key_file_stamps_expiry_from_the_clock(keys: KeyStore, clock: C
     keys.rotate(keys.keys[API], INFERENCE)
     doc = json.loads(keys.path.read_text())
     stamp = dt.datetime.strptime(doc[INFERENCE]["expiration time"], "%Y-%m-%dT%H:%M:%S.%fZ")
-    assert stamp.replace(tzinfo=dt.timezone.utc).timestamp() == pytest.approx(clock.now + 60.0)
+    assert stamp.replace(tzinfo=dt.UTC).timestamp() == pytest.approx(clock.now + 60.0)
     assert keys.path.stat().st_mode & 0o777 == 0o600
 
 

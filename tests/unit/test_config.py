@@ -701,12 +701,12 @@ def test_dollar_dollar_names_in_config_values_are_environment_variables_as_in_to
     properties.write_text("job_queue_size=$$QUEUE$$\n")
     with pytest.raises(ConfigError) as err:
         config.load(properties, env={})
-    assert err.value.problems == ["job_queue_size: the environment variable QUEUE (in $$QUEUE$$) "
-                                  "is not set"]
+    assert err.value.problems == [
+        "job_queue_size: the environment variable QUEUE (in $$QUEUE$$) is not set"]
     with pytest.raises(ConfigError) as err:  # a value from the environment is not shown
         config.load(properties, env={"QUEUE": "hunter2"})
-    assert err.value.problems == ["job_queue_size (from $$QUEUE$$, not shown): the value is "
-                                  "not valid for this key"]
+    assert err.value.problems == [
+        "job_queue_size (from $$QUEUE$$, not shown): the value is not valid for this key"]
 
 
 def test_torchserve_properties_mservd_does_not_apply_are_named_in_a_warning(

@@ -44,7 +44,7 @@ def test_door_refuses_a_kserve_prediction_in_kserve_shape() -> None:
 
 
 def test_door_holds_a_controller_refusal_for_a_moment(monkeypatch) -> None:
-    import mservd.frontends.http.shedding as shedding
+    from mservd.frontends.http import shedding
 
     now = [100.0]
     monkeypatch.setattr(shedding.time, "monotonic", lambda: now[0])
@@ -56,8 +56,8 @@ def test_door_holds_a_controller_refusal_for_a_moment(monkeypatch) -> None:
 
 
 def test_door_stops_holding_refusals_its_clients_spin_on(monkeypatch) -> None:
-    import mservd.frontends.http.shedding as shedding
     from mservd.core.spinning import SPIN_FLOOR, WINDOW
+    from mservd.frontends.http import shedding
 
     now = [100.0]
     monkeypatch.setattr(shedding.time, "monotonic", lambda: now[0])

@@ -31,7 +31,7 @@ def serve_one(s, fid: bytes, rid: bytes, now: float):
 
 
 def test_an_idle_version_lends_the_worker_that_answered_to_its_frontend() -> None:
-    s, mv = lending(batch_size=4)
+    s, _mv = lending(batch_size=4)
     worker, after = serve_one(s, F1, b"a", 1.0)
     assert after == [Lend(F1, protocol.Lease("m", "1.0", True, worker.job_endpoint, 4, 120.0))]
     assert s.leases.holds(worker)
@@ -49,9 +49,9 @@ def test_a_version_lends_only_after_a_run_of_batches_of_one_request() -> None:
 
 
 def test_nothing_is_lent_while_requests_queue_or_another_worker_runs() -> None:
-    s, mv = lending(workers=2, batch_size=1)
+    s, _mv = lending(workers=2, batch_size=1)
     [first] = s.submit(F1, route(b"a", 1.0), [], now=1.0)
-    [second] = s.submit(F1, route(b"b", 1.0), [], now=1.0)
+    [_second] = s.submit(F1, route(b"b", 1.0), [], now=1.0)
     s.submit(F1, route(b"c", 1.0), [], now=1.0)  # queued: both workers busy
     after = s.finished(first.worker, [ok(b"a")], now=1.1, answered=True)
     assert [type(a) for a in after] == [SendBatch]  # the queue first
@@ -61,7 +61,7 @@ def test_nothing_is_lent_while_requests_queue_or_another_worker_runs() -> None:
 
 def test_no_lease_before_the_controller_turns_lending_on_or_to_a_frontend_without_a_reply_socket(
         ) -> None:
-    s, mv = lending()
+    s, _mv = lending()
     s.leases.enabled = False  # the controller's sockets are not bound yet
     assert serve_one(s, F1, b"a", 1.0)[1] == []
     s.leases.enabled = True
@@ -70,7 +70,7 @@ def test_no_lease_before_the_controller_turns_lending_on_or_to_a_frontend_withou
 
 def test_under_token_authorization_a_lease_carries_the_key_digest_and_a_rotation_ends_it(
         ) -> None:
-    s, mv = lending(batch_size=4)
+    s, _mv = lending(batch_size=4)
     s.leases.key = (b"digest-1", 5000.0)
     worker, [lend] = serve_one(s, F1, b"a", 1.0)
     assert (lend.lease.key_digest, lend.lease.key_expires) == (b"digest-1", 5000.0)
@@ -79,7 +79,7 @@ def test_under_token_authorization_a_lease_carries_the_key_digest_and_a_rotation
 
 
 def test_each_frontend_holds_one_lease_per_version() -> None:
-    s, mv = lending(workers=2)
+    s, _mv = lending(workers=2)
     lent, _ = serve_one(s, F1, b"a", 1.0)
     other, again = serve_one(s, F1, b"b", 2.0)  # the other worker, for the same frontend
     assert other is not lent and again == []
@@ -108,7 +108,7 @@ def test_a_lent_worker_is_recalled_only_when_no_other_is_idle_and_gets_the_batch
 def test_a_request_waiting_on_a_quick_recall_runs_even_with_a_deadline_of_zero() -> None:
     """An idle lent worker comes back within RECALL_GRACE: what waited for it is not timed
     out meanwhile (without the lease it would have run at once)."""
-    s, mv = lending(workers=1)
+    s, _mv = lending(workers=1)
     lent, _ = serve_one(s, F1, b"a", 1.0)
     assert [type(a) for a in s.submit(F2, route(b"now", 2.0, timeout_ms=0), [], now=2.0)] == [
         Revoke, Recall]
@@ -120,7 +120,7 @@ def test_a_request_waiting_on_a_quick_recall_runs_even_with_a_deadline_of_zero()
 def test_an_idle_workers_recall_slowed_by_a_loaded_machine_still_runs_a_zero_deadline() -> None:
     """CI's two cores under the suite took over 10 ms to bring an idle worker's RETURNED back,
     and schemathesis's request with a deadline of 0 ms was answered 504; 30 ms is in grace."""
-    s, mv = lending(workers=1)
+    s, _mv = lending(workers=1)
     lent, _ = serve_one(s, F1, b"a", 1.0)
     s.submit(F2, route(b"now", 2.0, timeout_ms=0), [], now=2.0)
     assert s.tick(now=2.03) == []
@@ -132,7 +132,7 @@ def test_the_loop_does_not_spin_through_a_recalls_grace() -> None:
     """A request past its deadline that waits on a recall's grace needs the loop only when
     the grace ends (or the worker's RETURNED comes): waking for it at once, again and again,
     spun the controller on a core the returning worker needed."""
-    s, mv = lending(workers=1)
+    s, _mv = lending(workers=1)
     serve_one(s, F1, b"a", 1.0)
     s.submit(F2, route(b"now", 2.0, timeout_ms=0), [], now=2.0)
     assert s.next_wakeup(float("inf")) >= 2.0 + RECALL_GRACE
@@ -149,7 +149,7 @@ def test_the_loop_does_not_spin_while_a_queue_waits_on_a_recalled_worker() -> No
 
 
 def test_a_lost_worker_tells_every_frontend_it_was_lent_to() -> None:
-    s, mv = lending(workers=1)
+    s, _mv = lending(workers=1)
     worker, _ = serve_one(s, F1, b"a", 1.0)
     s.submit(F2, route(b"b", 2.0), [], now=2.0)  # recalls it from F1
     [take] = s.returned(worker, now=2.05)
@@ -161,13 +161,13 @@ def test_a_lost_worker_tells_every_frontend_it_was_lent_to() -> None:
 
 
 def test_an_auto_batched_version_is_lent_a_request_at_a_time() -> None:
-    s, mv = lending(workers=1, batch_size="auto")
+    s, _mv = lending(workers=1, batch_size="auto")
     [lend] = serve_one(s, F1, b"a", 1.0)[1]
     assert lend.lease.batch == 1  # the batch sizes are the advisor's to try
 
 
 def test_a_version_that_had_to_recall_a_worker_lends_nothing_for_a_while() -> None:
-    s, mv = lending(workers=1)
+    s, _mv = lending(workers=1)
     worker, _ = serve_one(s, F1, b"a", 1.0)
     s.submit(F1, route(b"b", 2.0), [], now=2.0)  # a second request: the lease is recalled
     [take] = s.returned(worker, now=2.01)
@@ -176,7 +176,7 @@ def test_a_version_that_had_to_recall_a_worker_lends_nothing_for_a_while() -> No
 
 
 def test_a_recalled_lease_never_used_does_not_stop_lending() -> None:
-    s, mv = lending(workers=1)
+    s, _mv = lending(workers=1)
     worker, _ = serve_one(s, F1, b"a", 1.0)
     s.submit(F1, route(b"b", 1.01), [], now=1.01)  # came before the LEASE did: recalled
     [take] = s.returned(worker, now=1.02, used=False)
@@ -185,7 +185,7 @@ def test_a_recalled_lease_never_used_does_not_stop_lending() -> None:
 
 
 def test_a_changed_default_version_ends_the_models_leases() -> None:
-    s, mv = lending(workers=1)
+    s, _mv = lending(workers=1)
     worker, _ = serve_one(s, F1, b"a", 1.0)
     assert s.leases.of_model("m") == [Revoke(F1, worker.job_endpoint, False)]
     assert s.leases.of_model("m") == []

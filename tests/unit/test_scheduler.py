@@ -47,7 +47,7 @@ def kinds(actions) -> list[str]:
 
 
 def test_scheduler_sends_a_lone_request_to_an_idle_worker_at_once() -> None:
-    s, mv = setup(batch_size=4, max_batch_delay=100)
+    s, _mv = setup(batch_size=4, max_batch_delay=100)
     [send] = s.submit(FRONTEND, route(b"a", 10.0), [b"meta", b"x"], now=10.0)
     assert isinstance(send, SendBatch) and [p.rid for p in send.requests] == [b"a"]
     assert s.is_busy(send.worker)
@@ -63,7 +63,7 @@ def test_scheduler_requests_that_arrive_in_one_message_share_a_batch() -> None:
 
 
 def test_scheduler_batches_requests_that_queue_while_the_worker_is_busy() -> None:
-    s, mv = setup(batch_size=4, max_batch_delay=100)
+    s, _mv = setup(batch_size=4, max_batch_delay=100)
     [first] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
     for rid in (b"b", b"c"):
         assert s.submit(FRONTEND, route(rid, 0.01), [], now=0.01) == []
@@ -73,7 +73,7 @@ def test_scheduler_batches_requests_that_queue_while_the_worker_is_busy() -> Non
 
 
 def test_scheduler_refuses_with_503_when_the_queue_is_full() -> None:
-    s, mv = setup(settings=Settings(job_queue_size=1), batch_size=1)
+    s, _mv = setup(settings=Settings(job_queue_size=1), batch_size=1)
     s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
     s.submit(FRONTEND, route(b"queued", 0.0), [], now=0.0)
     [refused] = s.submit(FRONTEND, route(b"over", 0.0), [], now=0.0)
@@ -82,7 +82,7 @@ def test_scheduler_refuses_with_503_when_the_queue_is_full() -> None:
 
 
 def test_scheduler_refuses_a_standing_queue_at_once() -> None:
-    s, mv = setup(settings=Settings(max_queue_wait_ms=100), batch_size=1, max_batch_delay=0)
+    s, _mv = setup(settings=Settings(max_queue_wait_ms=100), batch_size=1, max_batch_delay=0)
     s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
     assert s.submit(FRONTEND, route(b"head", 0.0), [], now=0.0) == []
     [refused] = s.submit(FRONTEND, route(b"late", 0.5), [], now=0.5)
@@ -90,7 +90,7 @@ def test_scheduler_refuses_a_standing_queue_at_once() -> None:
 
 
 def test_by_default_a_standing_queue_is_served_not_refused() -> None:
-    s, mv = setup(batch_size=1, max_batch_delay=0)  # a closed loop's queue is not overload
+    s, _mv = setup(batch_size=1, max_batch_delay=0)  # a closed loop's queue is not overload
     s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
     assert s.submit(FRONTEND, route(b"head", 0.0), [], now=0.0) == []
     assert s.submit(FRONTEND, route(b"late", 0.5), [], now=0.5) == []
@@ -182,7 +182,7 @@ def test_auto_batching_batches_no_more_than_the_workers_share_of_what_it_holds()
 def test_an_idle_worker_takes_no_more_than_its_share_of_what_the_version_holds() -> None:
     """A lone request went at once to one worker; its seven batch-mates, arriving next, are
     split with it (4 and 4 by turns), not all taken by the other worker (1 and 7)."""
-    s, mv = setup(workers=2, batch_size=8, max_batch_delay=5)
+    s, _mv = setup(workers=2, batch_size=8, max_batch_delay=5)
     [lone] = s.submit(FRONTEND, route(b"lone", 0.0), [], now=0.0)
     for i in range(7):
         assert s.submit(FRONTEND, route(b"%d" % i, 0.001), [], now=0.001) == []
@@ -194,7 +194,7 @@ def test_an_idle_worker_takes_no_more_than_its_share_of_what_the_version_holds()
 
 
 def test_scheduler_answers_504_for_a_request_past_its_deadline_in_the_queue() -> None:
-    s, mv = setup(batch_size=1)
+    s, _mv = setup(batch_size=1)
     s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
     s.submit(FRONTEND, route(b"hurried", 0.0, timeout_ms=200.0), [], now=0.0)
     assert s.tick(now=0.1) == []
@@ -204,7 +204,7 @@ def test_scheduler_answers_504_for_a_request_past_its_deadline_in_the_queue() ->
 
 
 def test_scheduler_does_not_wake_for_a_partial_batch_while_every_worker_is_busy() -> None:
-    s, mv = setup(workers=2, batch_size=4, max_batch_delay=5)
+    s, _mv = setup(workers=2, batch_size=4, max_batch_delay=5)
     [first] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
     assert s.submit(FRONTEND, route(b"b", 0.001), [], now=0.001) == []  # waits for mates
     assert s.next_wakeup(soonest=100.0) == 0.006  # a worker is free: its batch delay counts
@@ -220,7 +220,7 @@ def test_scheduler_does_not_wake_for_a_partial_batch_while_every_worker_is_busy(
 
 
 def test_scheduler_kills_a_worker_whose_batch_hangs_and_does_not_retry_it() -> None:
-    s, mv = setup(workers=2, batch_size=1, response_timeout=5)
+    s, _mv = setup(workers=2, batch_size=1, response_timeout=5)
     [send] = s.submit(FRONTEND, route(b"hang", 0.0), [], now=0.0)
     [kill] = s.tick(now=6.0)
     assert isinstance(kill, KillWorker) and kill.worker is send.worker
@@ -242,7 +242,7 @@ def test_scheduler_retries_a_dead_workers_request_once_on_another_worker() -> No
 
 
 def test_scheduler_answers_a_request_the_worker_left_out_with_an_error() -> None:
-    s, mv = setup(batch_size=2, max_batch_delay=0)
+    s, _mv = setup(batch_size=2, max_batch_delay=0)
     [first] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
     s.submit(FRONTEND, route(b"b", 0.0), [], now=0.0)
     s.submit(FRONTEND, route(b"c", 0.0), [], now=0.0)
@@ -253,7 +253,7 @@ def test_scheduler_answers_a_request_the_worker_left_out_with_an_error() -> None
 
 
 def test_scheduler_forwards_answers_to_the_frontend_that_asked() -> None:
-    s, mv = setup()
+    s, _mv = setup()
     [send] = s.submit(b"frontend-2", route(b"a", 0.0), [], now=0.0)
     [forward] = s.finished(send.worker, [ok(b"a")], now=0.1)
     assert forward == Forward(b"frontend-2", ok(b"a"))
@@ -275,7 +275,7 @@ def test_a_describe_question_runs_alone_after_the_queue_and_is_not_counted_as_tr
     [first] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
     assert s.ask(mv, b"controller", b"ask-1", [b"meta"], now=0.01) == []  # the worker is busy
     s.submit(FRONTEND, route(b"b", 0.02), [], now=0.02)
-    [forward, question] = s.finished(first.worker, [ok(b"a")], now=0.05)
+    [_forward, question] = s.finished(first.worker, [ok(b"a")], now=0.05)
     assert [p.rid for p in question.requests] == [b"ask-1"]  # alone, ahead of b
     [answer, batch] = s.finished(first.worker, [ok(b"ask-1")], now=0.06)
     assert answer == Forward(b"controller", ok(b"ask-1"))
@@ -300,13 +300,13 @@ def test_scheduler_drops_a_queued_request_whose_client_went_away() -> None:
 
 
 def test_scheduler_refuses_a_model_without_a_serving_worker() -> None:
-    s, mv = setup(workers=0)
+    s, _mv = setup(workers=0)
     [refused] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
     assert refused.error.http_status == 503 and "No worker" in refused.error.message
 
 
 def test_scheduler_answers_everything_when_the_server_stops() -> None:
-    s, mv = setup(batch_size=1)
+    s, _mv = setup(batch_size=1)
     s.submit(FRONTEND, route(b"running", 0.0), [], now=0.0)
     s.submit(FRONTEND, route(b"queued", 0.0), [], now=0.0)
     assert not s.idle()
@@ -332,7 +332,7 @@ def test_continuous_batching_fills_free_slots_at_once_and_answers_each_request_a
 def test_continuous_batching_frees_the_slot_of_a_client_that_went_away() -> None:
     s, mv = setup(settings=Settings(), batch_size=1)
     mv.settings = dataclasses.replace(mv.settings, continuous_batching=True)
-    [send] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
+    [_send] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
     s.submit(FRONTEND, route(b"b", 0.0), [], now=0.0)
     gone, actions = s.cancel(FRONTEND, b"a", now=0.2)
     assert gone is mv and kinds(actions) == ["CancelRunning", "SendBatch"]
@@ -381,7 +381,7 @@ def test_a_request_that_streamed_a_part_is_not_run_again_when_its_worker_dies() 
 
 
 def test_a_continuous_workers_steps_not_its_answers_keep_it_alive() -> None:
-    s, mv = continuous(batch_size=4, response_timeout=2)
+    s, _mv = continuous(batch_size=4, response_timeout=2)
     slack = protocol.STEP_REPORT_INTERVAL
     [send] = s.submit(FRONTEND, route(b"long", 0.0), [], now=0.0)  # not streamed: no parts
     for now in (1.0, 2.0, 3.0, 4.0):  # a generation longer than response_timeout
@@ -395,7 +395,7 @@ def test_a_continuous_workers_steps_not_its_answers_keep_it_alive() -> None:
 
 
 def test_a_batch_model_keeps_the_deadline_for_the_queue_alone() -> None:
-    s, mv = setup(settings=Settings(), response_timeout=30)
+    s, _mv = setup(settings=Settings(), response_timeout=30)
     [send] = s.submit(FRONTEND, route(b"a", 0.0, timeout_ms=2000), [], now=0.0)
     assert s.tick(now=5.0) == []  # running: bounded by response_timeout, not cancelled
     assert kinds(s.finished(send.worker, [ok(b"a")], now=6.0)) == ["Forward"]

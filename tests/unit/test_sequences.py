@@ -44,7 +44,7 @@ def sent(actions) -> list[tuple[str, list[bytes]]]:
 
 
 def test_sequence_settings_are_read_from_model_config_and_shown_as_torchserve_names() -> None:
-    s, mv = setup()
+    _s, mv = setup()
     assert isinstance(mv.batcher, SequenceQueue)
     assert mv.settings_document() | STATEFUL == mv.settings_document()
     assert mv.settings.sequence_timeout_ms == 0  # TorchServe's default: no lifetime
@@ -131,7 +131,7 @@ def test_the_handlers_end_holds_when_its_last_queued_request_is_cancelled() -> N
 
 
 def test_a_sequence_id_with_a_semicolon_is_refused_400() -> None:
-    s, mv = setup(workers=1, continuousBatching=True)
+    s, _mv = setup(workers=1, continuousBatching=True)
     [refused] = submit(s, b"x", "mine;yours", 0.0)
     assert isinstance(refused, Refuse) and refused.error.http_status == 400
     assert "';'" in refused.error.message
@@ -146,9 +146,9 @@ def test_a_cancelled_stream_leaves_its_sequence_free_to_idle() -> None:
 
 
 def test_max_num_sequence_is_at_least_a_batch_for_every_worker_as_in_torchserve() -> None:
-    s, mv = setup(maxNumSequence=4, batchSize=4, minWorkers=2, maxWorkers=3)
+    _s, mv = setup(maxNumSequence=4, batchSize=4, minWorkers=2, maxWorkers=3)
     assert mv.settings.max_num_sequence == 12 and mv.batcher.max_sequences == 12
-    s, mv = setup(maxNumSequence=20, batchSize=4, minWorkers=2, maxWorkers=3)
+    _s, mv = setup(maxNumSequence=20, batchSize=4, minWorkers=2, maxWorkers=3)
     assert mv.settings.max_num_sequence == 20
 
 
@@ -218,7 +218,7 @@ def test_more_sequences_than_max_num_sequence_are_refused_503_until_one_idles_ou
 
 
 def test_a_sequence_queues_no_more_than_max_sequence_job_queue_size() -> None:
-    s, mv = setup(workers=1, maxSequenceJobQueueSize=2)
+    s, _mv = setup(workers=1, maxSequenceJobQueueSize=2)
     submit(s, b"a1", "A", 0.0)  # running
     assert submit(s, b"a2", "A", 0.0) == [] and submit(s, b"a3", "A", 0.0) == []
     [refused] = submit(s, b"a4", "A", 0.0)
@@ -346,7 +346,7 @@ def test_a_describe_question_whose_worker_died_runs_again_and_holds_no_sequence(
 
 def test_sequence_batching_is_not_applied_without_an_idle_time(caplog) -> None:
     with caplog.at_level(logging.WARNING):
-        s, mv = setup(sequenceMaxIdleMSec=0)  # TorchServe's default: not a stateful model
+        _s, mv = setup(sequenceMaxIdleMSec=0)  # TorchServe's default: not a stateful model
     assert not mv.settings.sequence_batching and not isinstance(mv.batcher, SequenceQueue)
     assert "sequenceBatching is not applied without sequenceMaxIdleMSec" in caplog.text
 
@@ -375,8 +375,9 @@ def test_many_open_sequences_close_in_the_order_they_went_idle() -> None:
     now = 0.0
     for i in range(300):  # each answered at once: 300 idle sequences, 150 on each worker
         now = i / 1000
-        [batch] = [a for a in submit(s, b"r%d" % i, "S%d" % i, now) if isinstance(a, SendBatch)]
-        s.finished(batch.worker, ok(b"r%d" % i), now)
+        [batch] = [a for a in submit(s, f"r{i}".encode(), f"S{i}", now)
+                   if isinstance(a, SendBatch)]
+        s.finished(batch.worker, ok(f"r{i}".encode()), now)
     assert submit(s, b"x", "NEW", now)[0].error.http_status == 503  # all 300 places taken
     assert mv.batcher.open_count(1.0995) == 200  # idle a second: S0 .. S99 closed, in order
     assert sent(submit(s, b"y", "S150", 1.1)) != []  # still open, and served at once
@@ -384,7 +385,7 @@ def test_many_open_sequences_close_in_the_order_they_went_idle() -> None:
 
 
 def test_an_empty_sequence_id_opens_a_new_sequence_and_an_overlong_one_is_refused_400() -> None:
-    s, mv = setup(workers=1)
+    s, _mv = setup(workers=1)
     [batch] = submit(s, b"a1", "", 0.0)
     [pending] = batch.requests
     assert pending.sequence.startswith("ts-seq-")
@@ -417,7 +418,7 @@ def test_a_sequence_takes_requests_only_from_the_client_that_opened_it() -> None
 
 
 def test_a_sequence_whose_frontend_named_no_client_is_anyones() -> None:
-    s, mv = setup(workers=1)
+    s, _mv = setup(workers=1)
     submit(s, b"a1", "A", 0.0)
     assert submit(s, b"a2", "A", 0.01, client="10.0.0.2") == []
 
@@ -438,7 +439,7 @@ def test_one_client_holds_at_most_half_of_max_num_sequence_by_default() -> None:
 
 
 def test_max_sequences_per_client_sets_how_many_one_client_holds() -> None:
-    s, mv = setup(workers=1, settings=Settings(max_sequences_per_client=1), maxNumSequence=4,
+    s, _mv = setup(workers=1, settings=Settings(max_sequences_per_client=1), maxNumSequence=4,
                   **ONE_AT_A_TIME)
     submit(s, b"a", "A", 0.0, client="10.0.0.1")
     [refused] = submit(s, b"b", "B", 0.0, client="10.0.0.1")

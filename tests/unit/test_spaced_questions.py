@@ -56,7 +56,7 @@ def test_a_question_is_never_answered_with_an_answer_begun_before_it_arrived() -
         second = await questions.answer(())
         return controller, await first, second
 
-    controller, first, second = asyncio.run(overlap())
+    _controller, first, second = asyncio.run(overlap())
     assert (first, second) == ("answer 1", "answer 2")
 
 

@@ -8,9 +8,9 @@ from mservd.specs import GrpcFrontendSpec, WorkerSpec
 
 
 def worker_spec(**changes) -> WorkerSpec:
-    values = dict(worker_id="9000", endpoint="ipc:///x", model_name="m", version="1.0",
-                  model_dir="/m", manifest={"model": {}}, handler="h.py", batch_size=4,
-                  gpu_id=None, threads=2, model_yaml={"v2": {}}, max_response_size=100)
+    values = {"worker_id": "9000", "endpoint": "ipc:///x", "model_name": "m", "version": "1.0",
+              "model_dir": "/m", "manifest": {"model": {}}, "handler": "h.py", "batch_size": 4,
+              "gpu_id": None, "threads": 2, "model_yaml": {"v2": {}}, "max_response_size": 100}
     return WorkerSpec(**{**values, **changes})
 
 

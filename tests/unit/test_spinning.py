@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mservd.core.spinning import SPIN_REST, SPIN_FLOOR, WINDOW, Spin
+from mservd.core.spinning import SPIN_FLOOR, SPIN_REST, WINDOW, Spin
 
 
 def refuse(spin: Spin, count: int, start: float) -> None:

@@ -80,7 +80,7 @@ def test_worker_output_that_cannot_be_encoded_fails_its_own_request_only() -> No
 
 
 def test_worker_names_an_unexpected_decode_failure_by_its_type(monkeypatch) -> None:
-    import mservd.worker.codecs.torchserve as torchserve
+    from mservd.worker.codecs import torchserve
 
     def broken(content_type, body):
         raise KeyError("surprise")
