@@ -26,7 +26,7 @@ def tls_apis(settings: Settings) -> list[str]:
 def needs(settings: Settings) -> bool:
     """Whether anything is served over TLS; raises ValueError when so but the files are not
     both set (TorchServe's keystore is Java's: it is not read)."""
-    wanted = [f"{api}valid_address" for api in tls_apis(settings)]
+    wanted = [f"{api}_address" for api in tls_apis(settings)]
     if settings.enable_grpc_ssl:
         wanted.append("enable_grpc_ssl=true")
     if not wanted:
