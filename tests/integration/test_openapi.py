@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import requests
 
-from mservd.frontends.http.openapi import inference_api, management_api
+from mservd.frontends.http.routes import MANAGEMENT, inference_api, management_api
 
 MAX_EXAMPLES = 25
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
@@ -127,15 +127,14 @@ def test_inference_description_lists_exactly_the_inference_routes() -> None:
 def test_management_description_lists_exactly_the_flask_routes() -> None:
     from mservd.frontends.http.management import create_management_app
 
-    app = create_management_app(None, 1.0, True)  # the routes only: no call is made
+    app = create_management_app(None, 1.0, True, MANAGEMENT)  # the routes only: no call made
     routes = set()
     for rule in app.url_map.iter_rules():
         if rule.endpoint == "static":
             continue
         path = re.sub(r"<(\w+)>", r"{\1}", rule.rule)
-        path = path.replace("{model}", "{model_name}").replace("{version}", "{model_version}")
         automatic = {"HEAD"} | ({"OPTIONS"} if rule.rule != "/" else set())
-        routes |= {(m.lower(), path) for m in rule.methods - automatic}
+        routes |= {(m.lower(), path) for m in (rule.methods or set()) - automatic}
     assert operations(management_api()) == routes
 
 

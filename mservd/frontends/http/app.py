@@ -4,12 +4,14 @@ gunicorn owns the sockets and the HTTP/1.1 wire (its C parser, limits, keep-aliv
 pipelining); this app owns what a request means. One request, socket to answer: gunicorn parses
 it and calls :meth:`FrontendApp.__call__`, which picks the API by the port it came in on —
 
-- inference: :class:`~mservd.frontends.http.inference.InferenceRoutes`, on this event loop
-  (predictions go to the controller over :class:`~mservd.frontends.async_bridge.AsyncBridge`);
-- management: the Flask app of ``management.py``, on a thread pool (a register call may wait
-  minutes for a model to load), calling the same bridge through :class:`BlockingBridge`; and
-  the dashboard (``dashboard.py``), on the event loop, since its stream stays open;
-- metrics: ``metrics.py``'s one route —
+- inference: the routes of ``routes.INFERENCE`` (TorchServe's, KServe V1, v2 and OpenAI's),
+  on this event loop (predictions go to the controller through the :class:`~.gateway.Gateway`
+  and :class:`~mservd.frontends.async_bridge.AsyncBridge`);
+- management: the Flask app of ``management.py`` (its rules made from ``routes.MANAGEMENT``),
+  on a thread pool (a register call may wait minutes for a model to load), calling the same
+  bridge through :class:`BlockingBridge`; and the dashboard (``routes.DASHBOARD``), on the
+  event loop, since its stream stays open;
+- metrics: ``routes.METRICS``' one route —
 
 then sends the :class:`Answer` and writes one access-log line. The app keeps no state beyond a
 request but the door's per-model counters (``shedding.py``) and its line to the controller.
@@ -21,7 +23,7 @@ import asyncio
 import concurrent.futures
 import gc
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -29,9 +31,10 @@ from mservd import protocol
 from mservd.errors import MservdError, NoWorker
 from mservd.frontends.async_bridge import TOKEN_QUESTION_TIMEOUT, AsyncBridge
 from mservd.frontends.bridge import ClientGone, ControllerGone
-from mservd.frontends.http import dashboard, inference, management, metrics
+from mservd.frontends.http import dashboard, management, routes
 from mservd.frontends.http.access_log import AccessLog
 from mservd.frontends.http.bodies import BodyBudget
+from mservd.frontends.http.gateway import Gateway
 from mservd.frontends.http.request import (
     JSON,
     Answer,
@@ -106,8 +109,8 @@ class FrontendApp:
         self.reply_timeout = spec.reply_timeout
         self.bridge: AsyncBridge | None = None
         self.access: AccessLog | None = None
-        self.routes: dict[str, Callable] = {}
-        self.inference: Any = None  # the inference routes, whose door the connections ask
+        self.routes: dict[str, Callable[[HttpRequest, dict[str, Any]], Awaitable[Answer]]] = {}
+        self.inference: Gateway | None = None  # its door: the connections ask it first
         self.bodies = BodyBudget(spec.body_bytes)  # bytes of request bodies held (bodies.py)
         self.threads: concurrent.futures.ThreadPoolExecutor | None = None
         # cors_allowed_*: headers every answer carries, rendered once
@@ -201,21 +204,24 @@ class FrontendApp:
         self.threads = concurrent.futures.ThreadPoolExecutor(
             MANAGEMENT_THREADS, thread_name_prefix="http-management")
         flask_app = management.create_management_app(blocking, self.reply_timeout,
-                                                      spec.auth)
-        self.inference = inference.InferenceRoutes(spec, self.bridge, loop)
+                                                      spec.auth, routes.MANAGEMENT)
+        gateway = Gateway(spec, self.bridge, loop)
+        self.inference = gateway
         wsgi = WsgiRoutes(flask_app, self.threads, spec.ports["management"], spec.body_timeout,
                           self.bridge if spec.auth else None)
-        board = dashboard.DashboardRoutes(self.bridge, spec.auth, spec.body_timeout)
+        board = routes.DASHBOARD.serving(
+            dashboard.DashboardRoutes(self.bridge, spec.auth, spec.body_timeout))
+        owns = routes.DASHBOARD.owns
 
         async def management_routes(request: HttpRequest, scope: dict[str, Any]) -> Answer:
-            if request.path == "/dashboard" or request.path.startswith("/dashboard/"):
-                return await board.answer(request, scope)  # streams: on the loop, not Flask
+            if owns(request.path):
+                return await board(request, scope)  # streams: on the loop, not Flask
             return await wsgi.answer(request, scope)
 
         self.routes = {
-            "inference": self.inference.answer,
+            "inference": routes.INFERENCE.serving(gateway),
             "management": management_routes,
-            "metrics": metrics.MetricsRoutes(self.bridge).answer,
+            "metrics": routes.METRICS.serving(self.bridge),
         }
         loop.call_later(ACCESS_FLUSH, self.flush_access_log)
         gc.freeze()  # this worker's routes and apps live on: full collections skip them

@@ -17,7 +17,8 @@ by the logout, by a rotation of the management key, after ``auth.SESSION_HOURS``
 key expires, whichever comes first. The controller checks the key or session on each
 document, so an ended session ends a stream. An action made with the cookie must also carry
 ``X-Mservd-Dashboard: 1``, which a form on another site cannot send. The actions are the
-management API's own verbs, with their checks and errors.
+management API's own verbs, with their checks and errors. ``routes.DASHBOARD`` declares the
+routes; a trailing slash is ignored.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from urllib.parse import parse_qs
 
 from mservd import protocol
 from mservd.auth import LOGOUT, SESSION, SESSION_HOURS, SESSION_PREFIX
-from mservd.errors import BadRequest, NoWorker, ResourceNotFound, Unauthorized
+from mservd.errors import BadRequest, MservdError, NoWorker, ResourceNotFound, Unauthorized
 from mservd.frontends.async_bridge import AsyncBridge
 from mservd.frontends.bridge import ControllerGone, bearer_token
 from mservd.frontends.http.request import (
@@ -39,8 +40,9 @@ from mservd.frontends.http.request import (
     HttpRequest,
     challenged,
     model_and_version,
-    need_method,
+    not_allowed,
 )
+from mservd.frontends.http.router import Params
 from mservd.protocol import Reply
 
 COOKIE = "mservd_dashboard"
@@ -50,7 +52,8 @@ TIMEOUT = 30.0  # seconds the controller has to answer one call
 MAX_BODY = 4096  # bytes of a login form or an action
 STATIC = {"dashboard.js": "text/javascript; charset=utf-8",
           "dashboard.css": "text/css; charset=utf-8"}
-ACTIONS = {"scale": "scale", "set-default": "set_default"}
+ACTIONS = ("scale", "set-default")  # under /dashboard/actions/
+STATIC_PREFIX, ACTIONS_PREFIX = "/dashboard/static/", "/dashboard/actions/"
 
 _LOGIN = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>mservd dashboard
 </title><link rel="icon" href="data:,"><link rel="stylesheet" href="/dashboard/static/dashboard.css"></head><body><header>
@@ -67,34 +70,19 @@ class DashboardRoutes:
         self.auth = auth
         self.body_timeout = body_timeout
 
-    async def answer(self, request: HttpRequest, scope: dict[str, Any]) -> Answer:
-        path = request.path.rstrip("/") or "/"
-        if path.startswith("/dashboard/static/"):
-            return self.static(request, path.removeprefix("/dashboard/static/"))
-        if path == "/dashboard/login":
-            return await self.login(request)
-        token, by_cookie = self.credentials(request)
-        if path == "/dashboard/logout":
-            return await self.logout(request, token, by_cookie)
-        if path == "/dashboard":
-            need_method(request, "GET")
-            if self.auth and await self.refusal(token, request.client) is not None:
-                return login_form(401, "" if token is None else "That key was refused.")
-            return Answer(200, page("dashboard.html"), "text/html; charset=utf-8",
-                          [("Cache-Control", "no-store")])
-        if path == "/dashboard/overview":
-            need_method(request, "GET")
-            reply = await self.overview(token, request.client)
-            return Answer(reply.status, reply.body, reply.content_type,
-                          challenged(reply.status, [("Cache-Control", "no-store")]))
-        if path == "/dashboard/events":
-            need_method(request, "GET")
-            return await self.events(request, token)
-        if path.startswith("/dashboard/actions/"):
-            return await self.action(request, path.removeprefix("/dashboard/actions/"), token,
-                                     by_cookie)
-        raise ResourceNotFound(f"Requested resource is not found: {request.path}. The dashboard "
-                               "is GET /dashboard.")
+    async def dashboard(self, request: HttpRequest, params: Params) -> Answer:
+        """The page, or the key form (401) to a caller without a key or session."""
+        token, _ = self.credentials(request)
+        if self.auth and await self.refusal(token, request.client) is not None:
+            return login_form(401, "" if token is None else "That key was refused.")
+        return Answer(200, page("dashboard.html"), "text/html; charset=utf-8",
+                      [("Cache-Control", "no-store")])
+
+    async def overview_document(self, request: HttpRequest, params: Params) -> Answer:
+        token, _ = self.credentials(request)
+        reply = await self.overview(token, request.client)
+        return Answer(reply.status, reply.body, reply.content_type,
+                      challenged(reply.status, [("Cache-Control", "no-store")]))
 
     def credentials(self, request: HttpRequest) -> tuple[str | None, bool]:
         """The key a call carries, and whether it came in the cookie."""
@@ -129,8 +117,7 @@ class DashboardRoutes:
             self.bridge.answered(token, protocol.API_MANAGEMENT, reply.status)
         return reply
 
-    async def login(self, request: HttpRequest) -> Answer:
-        need_method(request, "POST")
+    async def login(self, request: HttpRequest, params: Params) -> Answer:
         if not self.auth:
             return Answer(303, b"", JSON, [("Location", "/dashboard")])
         form = parse_qs((await request.body(MAX_BODY, self.body_timeout)).decode("utf-8",
@@ -157,10 +144,10 @@ class DashboardRoutes:
             return None
         return session, SESSION_SECONDS  # the controller ends it sooner if the key expires
 
-    async def logout(self, request: HttpRequest, token: str | None, by_cookie: bool) -> Answer:
+    async def logout(self, request: HttpRequest, params: Params) -> Answer:
         """End the session the cookie holds (the controller forgets it: every page and
         stream opened with it is refused from its next document) and drop the cookie."""
-        need_method(request, "POST")
+        token, by_cookie = self.credentials(request)
         if by_cookie and request.headers.get("x-mservd-dashboard") != "1":
             raise Unauthorized("A dashboard logout made with its cookie must carry the header "
                                "X-Mservd-Dashboard: 1.")
@@ -175,7 +162,8 @@ class DashboardRoutes:
         return Answer(200, json.dumps({"status": "Logged out"}).encode(), JSON,
                       [("Set-Cookie", cookie), ("Cache-Control", "no-store")])
 
-    async def events(self, request: HttpRequest, token: str | None) -> Answer:
+    async def events(self, request: HttpRequest, params: Params) -> Answer:
+        token, _ = self.credentials(request)
         first = await self.overview(token, request.client)
         if first.status != 200:
             return Answer(first.status, first.body, first.content_type,
@@ -203,13 +191,15 @@ class DashboardRoutes:
         return Answer(200, b"", "text/event-stream",
                       [("Cache-Control", "no-store"), ("X-Accel-Buffering", "no")], stream=stream())
 
-    async def action(self, request: HttpRequest, name: str, token: str | None,
-                     by_cookie: bool) -> Answer:
-        verb = ACTIONS.get(name)
-        if verb is None:
-            raise ResourceNotFound(f"No dashboard action {name!r}: use "
-                                   f"{', '.join(ACTIONS)}.")
-        need_method(request, "POST")
+    async def scale(self, request: HttpRequest, params: Params) -> Answer:
+        return await self.action(request, "scale")
+
+    async def set_default(self, request: HttpRequest, params: Params) -> Answer:
+        return await self.action(request, "set_default")
+
+    async def action(self, request: HttpRequest, verb: str) -> Answer:
+        """The management verb ``verb`` on the model the body names."""
+        token, by_cookie = self.credentials(request)
         if by_cookie and request.headers.get("x-mservd-dashboard") != "1":
             raise Unauthorized("A dashboard action made with its cookie must carry the header "
                                "X-Mservd-Dashboard: 1.")
@@ -231,12 +221,25 @@ class DashboardRoutes:
         return Answer(reply.status, reply.body, reply.content_type,
                       challenged(reply.status, list((reply.headers or {}).items())))
 
-    @staticmethod
-    def static(request: HttpRequest, name: str) -> Answer:
-        need_method(request, "GET")
+    async def static(self, request: HttpRequest, params: Params) -> Answer:
+        name = params["file"]
         if name not in STATIC:
             raise ResourceNotFound(f"Requested resource is not found: {request.path}.")
         return Answer(200, page(name), STATIC[name], [("Cache-Control", "no-cache")])
+
+
+def not_found(request: HttpRequest) -> MservdError:
+    """A path under ``/dashboard`` that no route takes."""
+    path = request.path.rstrip("/")
+    if path.startswith(STATIC_PREFIX):  # a file in a folder: no such file
+        if request.method != "GET":
+            return not_allowed(request, "GET")
+        return ResourceNotFound(f"Requested resource is not found: {request.path}.")
+    if path.startswith(ACTIONS_PREFIX):
+        return ResourceNotFound(f"No dashboard action {path.removeprefix(ACTIONS_PREFIX)!r}: "
+                                f"use {', '.join(ACTIONS)}.")
+    return ResourceNotFound(f"Requested resource is not found: {request.path}. The dashboard "
+                            "is GET /dashboard.")
 
 
 def page(name: str) -> bytes:

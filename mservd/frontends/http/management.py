@@ -1,12 +1,16 @@
 """The management API as a Flask app: each route turns an HTTP call into one controller verb.
 
-Not the hot path, so Flask's routing and error handling earn their cost here. Names and
-versions taken from the URL are validated before they travel anywhere.
+Not the hot path, so Flask's routing and error handling earn their cost here: ``routes.py``
+declares the routes, and :func:`create_management_app` registers each as a Flask rule. Names
+and versions taken from the URL are validated before they travel anywhere.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from flask import Flask, Response, request
@@ -16,6 +20,7 @@ from mservd.auth import SESSION_PREFIX
 from mservd.errors import MservdError, NoWorker, Unauthorized, error_body
 from mservd.frontends.bridge import ControllerGone, bearer_token
 from mservd.frontends.http.request import challenged, model_and_version
+from mservd.frontends.http.router import Route
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +28,16 @@ REGISTER_PARAMS = ("url", "model_name", "handler", "batch_size", "max_batch_dela
                    "initial_workers", "synchronous", "response_timeout", "startup_timeout")
 
 
-def create_management_app(bridge: Any, timeout: float, auth: bool) -> Flask:
+#: a management view: ``view(call, **path parameters)``, ``call(verb, args)`` the controller's
+#: answer to a verb as a Response
+Call = Callable[[str, dict[str, Any]], Response]
+
+
+def create_management_app(bridge: Any, timeout: float, auth: bool,
+                          routes: Iterable[Route]) -> Flask:
+    """The Flask app of the management ``routes`` (``routes.MANAGEMENT``), each registered as
+    a URL rule of its own; ``bridge`` (a ``BlockingBridge``) takes the verbs to the
+    controller."""
     app = Flask("mservd.controller.management")
 
     def call(op: str, args: dict[str, Any]) -> Response:
@@ -41,53 +55,9 @@ def create_management_app(bridge: Any, timeout: float, auth: bool) -> Flask:
         return Response(reply.body, status=reply.status, content_type=reply.content_type,
                         headers=challenged(reply.status, list(reply.headers.items())))
 
-    names = model_and_version
-
-    @app.post("/models")
-    def register() -> Response:
-        args = {k: request.args.get(k) for k in REGISTER_PARAMS if request.args.get(k) is not None}
-        if args.get("model_name"):
-            names(args["model_name"])
-        return call("register", args)
-
-    @app.get("/models")
-    def list_models() -> Response:
-        return call("list", {"limit": request.args.get("limit"),
-                             "next_page_token": request.args.get("next_page_token")})
-
-    @app.get("/models/<model>")
-    @app.get("/models/<model>/<version>")
-    def describe(model: str, version: str | None = None) -> Response:
-        return call("describe", {**names(model, version),
-                                 "customized": request.args.get("customized")})
-
-    @app.put("/models/<model>")
-    @app.put("/models/<model>/<version>")
-    def scale(model: str, version: str | None = None) -> Response:
-        args = names(model, version)
-        for key in ("min_worker", "max_worker", "synchronous"):
-            args[key] = request.args.get(key)
-        return call("scale", args)
-
-    @app.delete("/models/<model>")
-    @app.delete("/models/<model>/<version>")
-    def unregister(model: str, version: str | None = None) -> Response:
-        return call("unregister", names(model, version))
-
-    @app.put("/models/<model>/<version>/set-default")
-    def set_default(model: str, version: str) -> Response:
-        return call("set_default", names(model, version))
-
-    @app.get("/token")
-    def token() -> Response:
-        return call("token", {"type": request.args.get("type")})
-
-    @app.route("/", methods=["OPTIONS"])
-    @app.get("/api-description")
-    def api_description() -> Response:  # OpenAPI 3; no token, as in TorchServe
-        from mservd.frontends.http.openapi import management_api
-
-        return app.json.response(management_api())
+    for route in routes:
+        app.add_url_rule(flask_rule(route.path), f"{route.method} {route.path}",
+                         functools.partial(route.handler, call), methods=[route.method])
 
     @app.errorhandler(MservdError)
     def on_error(exc: MservdError) -> Response:
@@ -115,3 +85,47 @@ def create_management_app(bridge: Any, timeout: float, auth: bool) -> Flask:
                         status=500, content_type="application/json")
 
     return app
+
+
+def flask_rule(path: str) -> str:
+    """An OpenAPI path template as a Flask rule: ``{model_name}`` becomes ``<model_name>``."""
+    return re.sub(r"\{(\w+)\}", r"<\1>", path)
+
+
+# -- the views, each a controller verb (routes.MANAGEMENT declares their routes) -------------
+
+
+def register(call: Call) -> Response:
+    args = {k: request.args.get(k) for k in REGISTER_PARAMS if request.args.get(k) is not None}
+    if args.get("model_name"):
+        model_and_version(args["model_name"])
+    return call("register", args)
+
+
+def list_models(call: Call) -> Response:
+    return call("list", {"limit": request.args.get("limit"),
+                         "next_page_token": request.args.get("next_page_token")})
+
+
+def describe(call: Call, model_name: str, model_version: str | None = None) -> Response:
+    return call("describe", {**model_and_version(model_name, model_version),
+                             "customized": request.args.get("customized")})
+
+
+def scale(call: Call, model_name: str, model_version: str | None = None) -> Response:
+    args = model_and_version(model_name, model_version)
+    for key in ("min_worker", "max_worker", "synchronous"):
+        args[key] = request.args.get(key)
+    return call("scale", args)
+
+
+def unregister(call: Call, model_name: str, model_version: str | None = None) -> Response:
+    return call("unregister", model_and_version(model_name, model_version))
+
+
+def set_default(call: Call, model_name: str, model_version: str) -> Response:
+    return call("set_default", model_and_version(model_name, model_version))
+
+
+def rotate_key(call: Call) -> Response:
+    return call("token", {"type": request.args.get("type")})

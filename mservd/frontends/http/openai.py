@@ -9,7 +9,8 @@ is named in the body, so the body is read and its fields checked here; it then t
 came to the model's worker, whose OpenAI codec (``mservd/worker/codecs/openai.py``) makes the rows and
 the answer: server-sent events ending ``data: [DONE]`` when ``stream`` is true. Errors are
 OpenAI's ``{"error": {"message", "type", "param", "code"}}``; overload is 503 with
-``Retry-After``; the bearer token is checked as for every prediction.
+``Retry-After``; the bearer token is checked as for every prediction. ``routes.py`` declares
+the routes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 from typing import Any
 
 from mservd import protocol
-from mservd.errors import BadRequest, ResourceNotFound
+from mservd.errors import BadRequest, MservdError, ResourceNotFound
 from mservd.frontends.bridge import client_network
 from mservd.frontends.http.gateway import Gateway
 from mservd.frontends.http.request import (
@@ -27,10 +28,9 @@ from mservd.frontends.http.request import (
     HttpRequest,
     as_events,
     forwarded_headers,
-    need_method,
 )
+from mservd.frontends.http.router import Params
 
-ENDPOINTS = {"chat/completions": "chat", "completions": "completion", "embeddings": "embedding"}
 MAX_STOPS = 4
 # Ceilings on what a prompt may be before any worker templates or tokenises it: past any
 # context mservd serves (a model's own, lower bounds are its handler's, checked in the worker)
@@ -40,26 +40,40 @@ MAX_ROLE_CHARACTERS = 64
 MAX_STOP_CHARACTERS = 256  # each stop string's: the worker matches every token against them
 
 
-async def answer(routes: Gateway, request: HttpRequest) -> Answer:
-    path = request.path.rstrip("/")
-    endpoint = path.removeprefix("/openai").removeprefix("/v1/")
-    kind = ENDPOINTS.get(endpoint)
-    if kind is None:
-        raise ResourceNotFound(f"Requested resource is not found: {request.method} {path}. The "
-                               "OpenAI routes are /v1/chat/completions, /v1/completions, "
-                               "/v1/embeddings and /v1/models.")
-    need_method(request, "POST")
+async def chat_completions(gateway: Gateway, request: HttpRequest,
+                           params: Params) -> Answer:
+    return await _generation(gateway, request, "chat")
 
+
+async def completions(gateway: Gateway, request: HttpRequest,
+                      params: Params) -> Answer:
+    return await _generation(gateway, request, "completion")
+
+
+async def embeddings(gateway: Gateway, request: HttpRequest,
+                     params: Params) -> Answer:
+    return await _generation(gateway, request, "embedding")
+
+
+async def _generation(gateway: Gateway, request: HttpRequest, kind: str) -> Answer:
     def frames(rid: bytes, body: bytes) -> list[bytes]:
         doc = check(kind, body)
-        return protocol.prediction(rid, doc["model"], None, routes.token(request),
+        return protocol.prediction(rid, doc["model"], None, gateway.token(request),
                                    protocol.CODEC_OPENAI, [(kind, "application/json")],
                                    forwarded_headers(request.headers), [body],
                                    timeout_ms=request.timeout_ms(),
                                    client=client_network(request.client))
 
-    return as_events(await routes.forward(request, frames, stream=True, shape=OPENAI,
-                                          door=False), OPENAI)
+    return as_events(await gateway.forward(request, frames, stream=True, shape=OPENAI,
+                                           door=False), OPENAI)
+
+
+def not_found(request: HttpRequest) -> MservdError:
+    """A path under OpenAI's prefixes that no route takes."""
+    path = request.path.rstrip("/")
+    return ResourceNotFound(f"Requested resource is not found: {request.method} {path}. The "
+                            "OpenAI routes are /v1/chat/completions, /v1/completions, "
+                            "/v1/embeddings and /v1/models.")
 
 
 def check(kind: str, body: bytes) -> dict[str, Any]:

@@ -255,10 +255,10 @@ def model_and_version(model: Any, version: Any = None) -> dict[str, Any]:
     return {"model": model, "version": version}
 
 
-def need_method(request: HttpRequest, wanted: str) -> None:
-    if request.method != wanted:
-        raise MethodNotAllowed(f"Method {request.method} is not allowed on {request.path}; "
-                               f"use {wanted}.")
+def not_allowed(request: HttpRequest, wanted: str) -> MethodNotAllowed:
+    """The 405 of a request whose path is served in the method ``wanted``, not in its own."""
+    return MethodNotAllowed(f"Method {request.method} is not allowed on {request.path}; "
+                            f"use {wanted}.")
 
 
 def forwarded_headers(headers: dict[str, str]) -> dict[str, str]:

@@ -15,7 +15,7 @@ Routes (``{m}`` a model name, ``/versions/{v}`` optional everywhere a model is n
 The frontend never decodes an infer body: it forwards the bytes with a content type that marks
 them as v2 (and carries Inference-Header-Content-Length), and relays the worker's answer as it
 is. Every error is ``{"error": "..."}`` with the status of the failure
-(``request.error_shape``).
+(``request.error_shape``). ``routes.py`` declares the routes and what each answers.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import json
 from typing import Any
 
 from mservd import __version__, protocol
-from mservd.errors import BadRequest, ResourceNotFound
+from mservd.errors import BadRequest, MservdError, ResourceNotFound
 from mservd.frontends.bridge import client_network
 from mservd.frontends.http.gateway import Gateway
 from mservd.frontends.http.request import (
@@ -33,9 +33,9 @@ from mservd.frontends.http.request import (
     HttpRequest,
     as_events,
     forwarded_headers,
-    need_method,
     relay,
 )
+from mservd.frontends.http.router import Params
 from mservd.v2.codec import HEADER_LENGTH
 from mservd.v2.codec import content_type as v2_content_type
 
@@ -43,79 +43,93 @@ SERVER_NAME = "mservd"
 EXTENSIONS = ["binary_tensor_data", "generate"]
 
 
-def server_metadata() -> dict[str, Any]:
-    return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
-
-
 def json_answer(status: int, doc: Any) -> Answer:
     return Answer(status, json.dumps(doc).encode())
 
 
-async def answer(routes: Gateway, request: HttpRequest) -> Answer:
+async def server_metadata(gateway: Gateway, request: HttpRequest,
+                          params: Params) -> Answer:
+    return json_answer(200, {"name": SERVER_NAME, "version": __version__,
+                             "extensions": list(EXTENSIONS)})
+
+
+async def server_live(gateway: Gateway, request: HttpRequest, params: Params) -> Answer:
+    await gateway.ask("ping", {}, None)  # any answer: the controller is alive
+    return json_answer(200, {"live": True})
+
+
+async def server_ready(gateway: Gateway, request: HttpRequest,
+                       params: Params) -> Answer:
+    ready = (await gateway.ask("ping", {}, None)).status == 200
+    return json_answer(200 if ready else 503, {"ready": ready})
+
+
+async def model_metadata(gateway: Gateway, request: HttpRequest,
+                         params: Params) -> Answer:
+    return relay(await gateway.ask("v2_model_metadata", _names(params), gateway.token(request)),
+                 shape=KSERVE)
+
+
+async def model_ready(gateway: Gateway, request: HttpRequest, params: Params) -> Answer:
+    reply = await gateway.ask("v2_model_ready", _names(params), gateway.token(request))
+    if reply.status == 200 and not json.loads(reply.body).get("ready"):
+        return json_answer(503, json.loads(reply.body))
+    return relay(reply, shape=KSERVE)
+
+
+async def generate(gateway: Gateway, request: HttpRequest, params: Params) -> Answer:
+    """Triton's generate extension: the whole text."""
+    return await _generation(gateway, request, params, "generate")
+
+
+async def generate_stream(gateway: Gateway, request: HttpRequest,
+                          params: Params) -> Answer:
+    """Triton's generate extension: the text as server-sent events."""
+    return await _generation(gateway, request, params, "generate_stream")
+
+
+async def _generation(gateway: Gateway, request: HttpRequest, params: Params,
+                      kind: str) -> Answer:
+    model, version = params["model_name"], params.get("model_version")
+    token = gateway.token(request)
+
+    def frames(rid: bytes, body: bytes) -> list[bytes]:
+        return protocol.prediction(rid, model, version, token, protocol.CODEC_GENERATE,
+                                   [(kind, "application/json")],
+                                   forwarded_headers(request.headers), [body],
+                                   timeout_ms=request.timeout_ms(),
+                                   client=client_network(request.client))
+
+    return as_events(await gateway.forward(request, frames, stream=True, shape=KSERVE), KSERVE)
+
+
+def _names(params: Params) -> dict[str, str | None]:
+    return {"model": params["model_name"], "version": params.get("model_version")}
+
+
+def not_found(request: HttpRequest) -> MservdError:
+    """A path under ``/v2/`` that no route takes; a model's path says what is wrong in it."""
     path = request.path.rstrip("/")
     parts = path.split("/")[1:]  # ["v2", ...]
-    if parts == ["v2"]:
-        need_method(request, "GET")
-        return json_answer(200, server_metadata())
-    if parts == ["v2", "health", "live"]:
-        need_method(request, "GET")
-        await routes.ask("ping", {}, None)  # any answer: the controller is alive
-        return json_answer(200, {"live": True})
-    if parts == ["v2", "health", "ready"]:
-        need_method(request, "GET")
-        ready = (await routes.ask("ping", {}, None)).status == 200
-        return json_answer(200 if ready else 503, {"ready": ready})
     if len(parts) >= 3 and parts[1] == "models" and parts[2]:
-        model, version, rest = _model_path(parts, path)
-        token = routes.token(request)
-        names = {"model": model, "version": version}
-        if rest is None:
-            need_method(request, "GET")
-            return relay(await routes.ask("v2_model_metadata", names, token), shape=KSERVE)
-        if rest == "ready":
-            need_method(request, "GET")
-            reply = await routes.ask("v2_model_ready", names, token)
-            if reply.status == 200 and not json.loads(reply.body).get("ready"):
-                return json_answer(503, json.loads(reply.body))
-            return relay(reply, shape=KSERVE)
-        if rest == "infer":
-            need_method(request, "POST")
-            return await infer(routes, request, model, version, token)
-        if rest in ("generate", "generate_stream"):  # Triton's generate extension
-            need_method(request, "POST")
-
-            def frames(rid: bytes, body: bytes) -> list[bytes]:
-                return protocol.prediction(rid, model, version, token, protocol.CODEC_GENERATE,
-                                           [(rest, "application/json")],
-                                           forwarded_headers(request.headers), [body],
-                                           timeout_ms=request.timeout_ms(),
-                                           client=client_network(request.client))
-
-            return as_events(await routes.forward(request, frames, stream=True, shape=KSERVE),
-                             KSERVE)
-    raise ResourceNotFound(f"Requested resource is not found: {request.method} {path}. The v2 "
-                           "routes are /v2, /v2/health/{live,ready} and "
-                           "/v2/models/{model}[/versions/{version}]"
-                           "[/ready|/infer|/generate|/generate_stream].")
+        tail = parts[3:]  # past the model's name
+        if tail[:1] == ["versions"]:
+            if len(tail) < 2 or not tail[1]:
+                return ResourceNotFound(f"Requested resource is not found: {path}. Use "
+                                        "/v2/models/{model}/versions/{version}.")
+            tail = tail[2:]
+        if len(tail) > 1:
+            return ResourceNotFound(f"Requested resource is not found: {path}.")
+    return ResourceNotFound(f"Requested resource is not found: {request.method} {path}. The "
+                            "v2 routes are /v2, /v2/health/{live,ready} and "
+                            "/v2/models/{model}[/versions/{version}]"
+                            "[/ready|/infer|/generate|/generate_stream].")
 
 
-def _model_path(parts: list[str], path: str) -> tuple[str, str | None, str | None]:
-    """(model, version, what follows) of ``/v2/models/{m}[/versions/{v}][/{rest}]``."""
-    model = parts[2]
-    tail = parts[3:]
-    version = None
-    if tail[:1] == ["versions"]:
-        if len(tail) < 2 or not tail[1]:
-            raise ResourceNotFound(f"Requested resource is not found: {path}. Use "
-                                   "/v2/models/{model}/versions/{version}.")
-        version, tail = tail[1], tail[2:]
-    if len(tail) > 1:
-        raise ResourceNotFound(f"Requested resource is not found: {path}.")
-    return model, version, tail[0] if tail else None
-
-
-async def infer(routes: Gateway, request: HttpRequest, model: str, version: str | None,
-                token: str | None) -> Answer:
+async def infer(gateway: Gateway, request: HttpRequest, params: Params) -> Answer:
+    """The body forwarded undecoded; its binary form's header length checked against it."""
+    model, version = params["model_name"], params.get("model_version")
+    token = gateway.token(request)
     header_length = request.headers.get(HEADER_LENGTH.lower())
     length = None
     if header_length is not None:
@@ -135,4 +149,4 @@ async def infer(routes: Gateway, request: HttpRequest, model: str, version: str 
                                    timeout_ms=request.timeout_ms(),
                                    client=client_network(request.client))
 
-    return await routes.forward(request, frames, shape=KSERVE)
+    return await gateway.forward(request, frames, shape=KSERVE)
