@@ -8,9 +8,9 @@ it and calls :meth:`FrontendApp.__call__`, which picks the API by the port it ca
   on this event loop (predictions go to the controller through the :class:`~.gateway.Gateway`
   and :class:`~mservd.frontends.async_bridge.AsyncBridge`);
 - management: the Flask app of ``management.py`` (its rules made from ``routes.MANAGEMENT``),
-  on a thread pool (a register call may wait minutes for a model to load), calling the same
-  bridge through :class:`BlockingBridge`; and the dashboard (``routes.DASHBOARD``), on the
-  event loop, since its stream stays open;
+  served by a2wsgi on a thread pool (a register call may wait minutes for a model to load),
+  calling the same bridge through :class:`BlockingBridge`; and the dashboard
+  (``routes.DASHBOARD``), on the event loop, since its stream stays open;
 - metrics: ``routes.METRICS``' one route —
 
 then sends the :class:`Answer` and writes one access-log line. The app keeps no state beyond a
@@ -24,8 +24,10 @@ import concurrent.futures
 import gc
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
-from urllib.parse import unquote_to_bytes
+from typing import Any, cast
+
+from a2wsgi import WSGIMiddleware
+from a2wsgi.asgi_typing import HTTPRequestEvent, HTTPScope, SendEvent
 
 from mservd import protocol
 from mservd.errors import MservdError, NoWorker
@@ -40,7 +42,6 @@ from mservd.frontends.http.request import (
     Answer,
     HttpRequest,
     error_answer,
-    origin_path,
     relay,
 )
 from mservd.frontends.log_throttle import throttled
@@ -112,7 +113,7 @@ class FrontendApp:
         self.routes: dict[str, Callable[[HttpRequest, dict[str, Any]], Awaitable[Answer]]] = {}
         self.inference: Gateway | None = None  # its door: the connections ask it first
         self.bodies = BodyBudget(spec.body_bytes)  # bytes of request bodies held (bodies.py)
-        self.threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self.wsgi: WsgiRoutes | None = None  # the management app
         # cors_allowed_*: headers every answer carries, rendered once
         self.cors = [(k.lower().encode("latin-1"), v.encode("latin-1"))
                      for k, v in spec.cors.items()]
@@ -200,15 +201,14 @@ class FrontendApp:
         loop = asyncio.get_running_loop()
         self.access = AccessLog(spec.accesslog, spec.log_format)
         self.bridge = AsyncBridge(spec.controller, spec.unknown_token_limit)
-        blocking = BlockingBridge(self.bridge, loop)
-        self.threads = concurrent.futures.ThreadPoolExecutor(
-            MANAGEMENT_THREADS, thread_name_prefix="http-management")
-        flask_app = management.create_management_app(blocking, self.reply_timeout,
-                                                      spec.auth, routes.MANAGEMENT)
         gateway = Gateway(spec, self.bridge, loop)
         self.inference = gateway
-        wsgi = WsgiRoutes(flask_app, self.threads, spec.ports["management"], spec.body_timeout,
-                          self.bridge if spec.auth else None)
+        flask_app = management.create_management_app(BlockingBridge(self.bridge, loop),
+                                                      self.reply_timeout, spec.auth,
+                                                      routes.MANAGEMENT)
+        self.wsgi = WsgiRoutes(flask_app, MANAGEMENT_THREADS, spec.body_timeout,
+                               self.bridge if spec.auth else None)
+        wsgi = self.wsgi.answer
         board = routes.DASHBOARD.serving(
             dashboard.DashboardRoutes(self.bridge, spec.auth, spec.body_timeout))
         owns = routes.DASHBOARD.owns
@@ -216,7 +216,7 @@ class FrontendApp:
         async def management_routes(request: HttpRequest, scope: dict[str, Any]) -> Answer:
             if owns(request.path):
                 return await board(request, scope)  # streams: on the loop, not Flask
-            return await wsgi.answer(request, scope)
+            return await wsgi(request, scope)
 
         self.routes = {
             "inference": routes.INFERENCE.serving(gateway),
@@ -242,32 +242,35 @@ class FrontendApp:
         if self.access is not None:
             self.access.close()
             self.access = None
-        if self.threads is not None:
-            self.threads.shutdown(wait=False, cancel_futures=True)
+        if self.wsgi is not None:
+            self.wsgi.close()
         if self.bridge is not None:
             self.bridge.close()
 
 
 class WsgiRoutes:
-    """A WSGI app (the Flask management API) run on a thread pool, one request at a time per
-    thread, its body read here first (bounded by gunicorn's limits and max_request_size). With
-    ``bridge`` (token authorization) a request that carries a body has its token checked by
-    the controller before a byte of that body is read, as a prediction has."""
+    """The Flask management app, served by a2wsgi's WSGI bridge on its pool of ``threads`` (a
+    register call may wait minutes), after this app has read the body: bounded by gunicorn's
+    limits and ``max_body``, and with ``bridge`` (token authorization) not read at all until
+    the controller has accepted the token of a request that carries one, as a prediction's.
+    The answer is gathered whole (the management API streams nothing) to be sent as every
+    answer is, CORS headers and access log with it.
 
-    def __init__(self, app: Any, threads: concurrent.futures.Executor, port: int,
-                 body_timeout: float, bridge: AsyncBridge | None = None,
-                 max_body: int = 1 << 20) -> None:
-        self.app = app
+    a2wsgi over our own environ: its PEP 3333 mapping and thread pool, for ~0.1-0.2 ms more a
+    call (three hand-overs from its thread to the loop where ours had one), on a port whose
+    calls each wait on the controller."""
+
+    def __init__(self, app: Any, threads: int, body_timeout: float,
+                 bridge: AsyncBridge | None = None, max_body: int = 1 << 20) -> None:
+        self.wsgi = WSGIMiddleware(app, workers=threads)
         self.body_timeout = body_timeout
-        self.threads = threads
-        self.port = str(port)
         self.bridge = bridge
         self.max_body = max_body
 
-    async def answer(self, request: HttpRequest, scope: dict[str, Any]) -> Answer:
-        import io
-        import sys
+    def close(self) -> None:
+        self.wsgi.executor.shutdown(wait=False, cancel_futures=True)
 
+    async def answer(self, request: HttpRequest, scope: dict[str, Any]) -> Answer:
         if self.bridge is not None and (request.headers.get("content-length", "0") != "0"
                                         or "transfer-encoding" in request.headers):
             refused = await self.bridge.refusal(request.token(True), protocol.API_MANAGEMENT,
@@ -275,60 +278,33 @@ class WsgiRoutes:
             if refused is not None:
                 return relay(refused)
         body = await request.body(self.max_body, self.body_timeout)
-        raw_path = scope.get("raw_path") or request.path.encode("utf-8", "surrogateescape")
-        if not raw_path.startswith(b"/"):  # absolute-form: its path, as request.path has it
-            raw_path = origin_path(raw_path.decode("latin-1")).encode("latin-1")
-        environ = {
-            "REQUEST_METHOD": request.method,
-            "SCRIPT_NAME": "",
-            # WSGI's path is the URL's bytes, percent-decoded, as latin-1 (PEP 3333)
-            "PATH_INFO": unquote_to_bytes(raw_path.split(b"?", 1)[0]).decode("latin-1"),
-            "QUERY_STRING": request.query,
-            "SERVER_NAME": "127.0.0.1",
-            "SERVER_PORT": self.port,
-            "SERVER_PROTOCOL": f"HTTP/{request.version}",
-            "REMOTE_ADDR": request.client,
-            "CONTENT_LENGTH": str(len(body)),
-            "wsgi.input": io.BytesIO(body),
-            "wsgi.errors": sys.stderr,
-            "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "http",
-            "wsgi.multithread": True,
-            "wsgi.multiprocess": True,
-            "wsgi.run_once": False,
-        }
-        for name, value in request.headers.items():
-            if name == "content-type":
-                environ["CONTENT_TYPE"] = value
-            elif "_" in name:  # X_Foo and X-Foo would be one HTTP_X_FOO: dropped, as gunicorn
-                continue  # does for WSGI (the ASGI routes keep them: header_map "dangerous")
-            elif name not in ("content-length", "upgrade"):  # no WebSockets: plain HTTP
-                environ["HTTP_" + name.upper().replace("-", "_")] = value
-        loop = asyncio.get_running_loop()
-        status, headers, out = await loop.run_in_executor(self.threads, _call_wsgi, self.app,
-                                                          environ)
-        content_type = JSON
-        kept = []
-        for name, value in headers:
-            lower = name.lower()
-            if lower == "content-type":
-                content_type = value
-            elif lower != "content-length":
-                kept.append((name, value))
-        return Answer(status, out, content_type, kept)
+        # the headers WSGI is given: X_Foo and X-Foo would be one HTTP_X_FOO, so a name with
+        # "_" is dropped, as gunicorn does for WSGI (the ASGI routes keep them); no Upgrade, or
+        # werkzeug would take the request for a WebSocket's (mservd serves plain HTTP); the
+        # length of the body as read
+        headers = [(name, value) for name, value in scope["headers"]
+                   if b"_" not in name and name not in (b"content-length", b"upgrade")]
+        headers.append((b"content-length", str(len(body)).encode()))
+        # request.path: an absolute-form target's path, as the ASGI routes see it
+        wsgi_scope = cast(HTTPScope, {**scope, "path": request.path, "root_path": "",
+                                      "headers": headers})
+        status, parts = 500, []
+        content_type, kept = JSON, []
 
+        async def receive() -> HTTPRequestEvent:
+            return {"type": "http.request", "body": body, "more_body": False}
 
-def _call_wsgi(app: Any, environ: dict[str, Any]) -> tuple[int, list, bytes]:
-    captured: dict[str, Any] = {}
+        async def send(message: SendEvent) -> None:
+            nonlocal status, content_type
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                for name, value in message.get("headers", ()):
+                    if name == b"content-type":
+                        content_type = value.decode("latin-1")
+                    elif name != b"content-length":
+                        kept.append((name.decode("latin-1"), value.decode("latin-1")))
+            elif message["type"] == "http.response.body":
+                parts.append(message.get("body", b""))
 
-    def start_response(status: str, headers: list[tuple[str, str]], exc_info=None) -> None:
-        captured["status"] = int(status.split(" ", 1)[0])
-        captured["headers"] = headers
-
-    chunks = app(environ, start_response)
-    try:
-        body = b"".join(chunks)
-    finally:
-        if hasattr(chunks, "close"):
-            chunks.close()
-    return captured["status"], captured["headers"], body
+        await self.wsgi(wsgi_scope, receive, send)
+        return Answer(status, b"".join(parts), content_type, kept)
