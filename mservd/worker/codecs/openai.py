@@ -1,7 +1,8 @@
 """OpenAI's API (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``).
 
-The frontend forwards the JSON body with one input named for the endpoint (``chat``,
-``completion`` or ``embedding``) after checking its fields (``frontends/http/openai.py``). A
+The frontend checks the body's fields and forwards what the worker needs of them, as an
+``OpenAIRequest`` (``mservd/openai_request.py``), with one input named for the endpoint
+(``chat``, ``completion`` or ``embedding``). A
 chat or completion request is one row ``{"body": {...}}`` for a generation handler
 (``handlers/causal_lm.py``), which answers each step with a text delta; a streamed request gets
 each delta as a server-sent event and ``data: [DONE]`` at the end, any other gets one answer
@@ -18,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mservd import protocol
+from mservd.openai_request import KINDS, OpenAIRequest
 from mservd.worker.codecs.base import Call, too_large
 from mservd.worker.codecs.kserve_v1 import MIN_INSTANCES_CAP
 
 SSE = "text/event-stream"
 SSE_HEADERS = {"Cache-Control": "no-cache"}
-KINDS = ("chat", "completion", "embedding")
 
 
 class OpenAIError(ValueError):
@@ -58,40 +59,23 @@ class OpenAICodec:
     def decode(self, request: protocol.Request, context: Any) -> Call:
         if len(request.inputs) != 1 or request.inputs[0][0] not in KINDS:
             raise OpenAIError("An OpenAI request is one JSON body.")
-        kind = request.inputs[0][0]
         try:
-            doc = json.loads(request.payloads[0])
-        except (ValueError, RecursionError) as exc:
-            raise OpenAIError(f"The body is not JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise OpenAIError("The body must be a JSON object.")
-        options = doc.get("stream_options") or {}
-        exchange = Exchange(kind, str(doc.get("model", context.model_name)),
-                            bool(doc.get("stream")),
-                            bool(isinstance(options, dict) and options.get("include_usage")),
+            checked = OpenAIRequest.from_payload(request.payloads[0])
+        except ValueError as exc:
+            raise OpenAIError(str(exc)) from None
+        kind = checked.kind
+        exchange = Exchange(kind, checked.model, checked.stream, checked.include_usage,
                             ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex,
                             int(time.time()))
         if kind == "embedding":
-            texts = doc.get("input")
-            texts = [texts] if isinstance(texts, str) else texts
-            if not isinstance(texts, list) or not texts or not all(
-                    isinstance(t, str) for t in texts):
-                raise OpenAIError('"input" must be a string or a list of strings.')
             cap = max(context.system_properties.get("batch_size") or 1, MIN_INSTANCES_CAP)
-            if len(texts) > cap:  # each text is a row of the handler's batch
-                raise OpenAIError(f'"input" has {len(texts)} texts; a request may carry at '
-                                  f"most {cap} (the model's batch size, or {MIN_INSTANCES_CAP} "
-                                  "if that is smaller). Split it into several requests.")
-            return Call([{"body": text} for text in texts], state=exchange)
-        fields = ("messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop",
-                  "ignore_eos")
-        if kind == "chat":
-            doc.pop("prompt", None)
-        else:
-            doc.pop("messages", None)
-        if "max_completion_tokens" in doc and "max_tokens" not in doc:
-            doc["max_tokens"] = doc["max_completion_tokens"]
-        return Call([{"body": {k: doc[k] for k in fields if k in doc}}], state=exchange)
+            if len(checked.texts) > cap:  # each text is a row of the handler's batch
+                raise OpenAIError(f'"input" has {len(checked.texts)} texts; a request may carry '
+                                  f"at most {cap} (the model's batch size, or "
+                                  f"{MIN_INSTANCES_CAP} if that is smaller). Split it into "
+                                  "several requests.")
+            return Call([{"body": text} for text in checked.texts], state=exchange)
+        return Call([{"body": checked.body}], state=exchange)
 
     def encode_part(self, call: Call, item: Any, context: Any,
                     limit: int) -> tuple[bytes, bytes] | None:
