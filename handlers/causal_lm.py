@@ -3,16 +3,23 @@
 Written the way TorchServe's continuous-batching handlers are, so the same file runs on
 TorchServe 0.12 (it imports nothing of mservd): with ``continuousBatching: true`` in
 model-config.yaml the server calls :meth:`CausalLM.handle` once per step with every running
-request (new ones first appear with their body); each call prefills the new requests, runs one
-batched decoding step for all of them, and returns one text delta per request.
+request (new ones first appear with their body); each call runs one step of the engine and
+returns one text delta per request.
 ``context.stopping_criteria`` tells the server which are finished; their state leaves
 ``context.cache`` and the slot is free for the next request. Without ``continuousBatching`` one
 call runs its batch to the end, streaming each step's deltas with
 ``send_intermediate_predict_response``.
 
-The sequences share one KV cache (transformers' ``DynamicCache``), left-padded to a common
-length with an attention mask; a joining sequence is prefilled alone and padded in, a leaving
-one is dropped from it. Greedy output is the tokens ``generate()`` gives for that prompt alone.
+The engine is transformers' continuous batching, stepped from here (``paged_engine.py``): the
+sequences' keys and values live in a paged KV cache of fixed size (model-config.yaml
+``kvCacheMemory``); a request that does not fit yet waits in its queue (no text yet), a running
+one that cannot grow is preempted and recomputed later, a prompt that begins with blocks
+already in the cache reuses them, and a step runs every decoding sequence and then as much of
+the waiting prompts as its token budget (``prefill_tokens``) leaves, so a long prompt is
+prefilled over several steps while the others go on. The engine picks no tokens: each
+sequence's next token is picked here, with its own settings and seed, so a seeded request
+gives the same tokens whatever it runs beside. Greedy output is the tokens ``generate()``
+gives for that prompt alone.
 
 A request body is JSON: ``{"prompt": "..."}`` or ``{"messages": [{"role", "content"}, ...]}``
 (through the tokenizer's chat template), with ``max_tokens``, ``temperature``, ``top_p``,
@@ -22,13 +29,13 @@ What a request sends fails that request alone, never the others of the step: a n
 is read (parsed, its size checked, templated and tokenised) on a thread of its own while the
 running sequences go on decoding, and joins at the first step after it is read; a body that
 cannot be read, a prompt too long, a failing prefill or a failing sampler answers its own
-requests with an error. Only a failure of the shared decoding step fails the step's
+requests with an error; so does a prompt and ``max_tokens`` that the model's context or the
+whole KV cache cannot hold (400, before it reaches the engine). A step the cache has no room
+for ends its largest sequence alone. Any other failure of the shared step fails the step's
 sequences (and never the worker).
 
-The memory of one step is bounded: a step prefills new prompts together only while their
-padded tokens fit ``prefill_tokens`` (one prompt at the least, so at most
-``max(prefill_tokens, max_prompt_tokens)`` tokens), and the model's logits are kept for each
-sequence's last position alone (``logits_to_keep``), not for every prompt position.
+The memory of one step is bounded: it runs at most ``prefill_tokens`` tokens, and the model's
+logits are kept for each sequence's last position alone, not for every prompt position.
 
 model-config.yaml ``handler:`` may set ``dtype`` (``auto``: the folder's own on a GPU, float32
 on the CPU; or ``float32``, ``bfloat16``, ``float16``), ``max_new_tokens`` (the default
@@ -36,7 +43,8 @@ on the CPU; or ``float32``, ``bfloat16``, ``float16``), ``max_new_tokens`` (the 
 ``max_prompt_tokens`` (a prompt's tokens; default the model's context),
 ``max_prompt_characters`` (a prompt's characters before it is tokenised, or of all its
 messages; default 16 per token of ``max_prompt_tokens``), ``max_messages`` (default 1024) and
-``prefill_tokens`` (default 2048).
+``prefill_tokens`` (the tokens one step runs: default 512 on the CPU, 2048 on a GPU); its top
+level ``kvCacheMemory`` (see ``paged_engine.kv_memory``).
 """
 
 from __future__ import annotations
@@ -50,10 +58,15 @@ from typing import Any
 
 import torch
 
+try:  # the archive's copy, beside this file (mservd and TorchServe put the model folder first)
+    import paged_engine
+except ImportError:  # this repository's (tests that import the handler from the repository)
+    from handlers import paged_engine
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 256
-DEFAULT_PREFILL_TOKENS = 2048  # padded prompt tokens one step may prefill (one prompt at least)
+DEFAULT_PREFILL_TOKENS = {"cpu": 512, "cuda": 2048}  # tokens one step runs (prefill and decode)
 DEFAULT_MAX_MESSAGES = 1024
 CHARACTERS_PER_TOKEN = 16  # the default character bound, per token of max_prompt_tokens
 READ_WAIT = 0.05  # seconds a step with nothing to decode waits for a request being read
@@ -86,8 +99,6 @@ class CausalLM:
         prefix_offset: int = 0  # the tokens decoded again with the new ones, for their spacing
         read_offset: int = 0  # the tokens whose text is in ``text``
         finish_reason: str | None = None
-        next_token: int = 0  # the token the next decoding step feeds in
-        position: int = 0  # its position
 
     class TextDelta(str):
         """The text one step added to a request's answer, with what a client may want to know."""
@@ -127,7 +138,8 @@ class CausalLM:
         handler_config = config.get("handler") or {}
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=model_dtype(str(handler_config.get("dtype", "auto")), self.device))
+            model_dir, dtype=model_dtype(str(handler_config.get("dtype", "auto")), self.device),
+            attn_implementation="sdpa")  # the engine's attention on the CPU and on a GPU alike
         # transformers wraps `to` with functools.wraps, and typeshed's _Wrapped binds no self,
         # so mypy takes the device for the model
         self.model.to(self.device).eval()  # type: ignore[arg-type]
@@ -138,19 +150,21 @@ class CausalLM:
         self.max_prompt_characters = int(handler_config.get(
             "max_prompt_characters", CHARACTERS_PER_TOKEN * self.max_prompt_tokens))
         self.max_messages = int(handler_config.get("max_messages", DEFAULT_MAX_MESSAGES))
-        self.prefill_tokens = int(handler_config.get("prefill_tokens", DEFAULT_PREFILL_TOKENS))
+        self.prefill_tokens = int(handler_config.get(
+            "prefill_tokens", DEFAULT_PREFILL_TOKENS.get(self.device.type, 512)))
+        eos = self.model.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        budget = paged_engine.kv_budget(self.model, config.get("kvCacheMemory"), self.device)
+        self.engine = paged_engine.PagedEngine(self.model, budget, self.prefill_tokens,
+                                               self.sample)
         # new requests are read here, so that a long prompt's templating and tokenising
         # (the tokenizer's Rust code lets go of the GIL) do not hold up the running sequences
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="causal-lm-read")
         self.reading: dict[str, Future] = {}  # request id -> (sequence, prompt ids), in order
         self.failed: dict[str, Any] = {}  # request id -> its error, until it leaves the batch
-        eos = self.model.generation_config.eos_token_id
-        self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        self.pad_id = self.tokenizer.pad_token_id or 0
+        self.sampling_failed: dict[str, Any] = {}  # request id -> its sampler's error, this step
         context.cache = {}
-        self.rows: list[str] = []  # request id of each row of the shared cache
-        self.cache: Any = None
-        self.mask: torch.Tensor | None = None  # (rows, cached length): 0 where padded
+        self.sequences: dict[str, CausalLM.Sequence] = {}  # in the engine, not finished
         self.generated = 0  # tokens generated in the current step
 
     # -- one step ------------------------------------------------------------------------
@@ -162,35 +176,46 @@ class CausalLM:
         return self.run_to_end(data, ids, context)
 
     def step(self, data: list[Any], ids: list[str], context: Any) -> list[Any]:
-        """Start reading the requests seen for the first time, prefill those read (under the
-        step's token budget), then one decoding step for every running sequence (a
-        just-prefilled one too, when others needed the step)."""
+        """Start reading the requests seen for the first time, hand those read to the engine,
+        then one step of the engine: a token for every decoding sequence, and prompts
+        prefilled with what is left of the step's token budget."""
         cache = context.cache
         outputs: dict[str, Any] = {}
-        self.forget((set(self.rows) | set(self.reading) | set(self.failed)) - set(ids),
+        self.forget((set(self.sequences) | set(self.reading) | set(self.failed)) - set(ids),
                     context)  # gone: finished, failed or cancelled
         for rid, row in zip(ids, data):
             if rid not in cache and rid not in self.reading and rid not in self.failed:
                 self.reading[rid] = self.reader.submit(self.read, row)
-        if self.reading and not self.decoding(cache):  # nothing else to do: wait for a read
+        if self.reading and not self.sequences:  # nothing else to do: wait for a read
             wait(self.reading.values(), timeout=READ_WAIT, return_when=FIRST_COMPLETED)
-        joining = self.admit(outputs)
-        if joining:
-            outputs.update(self.prefill(joining, cache))
-        if any(rid not in outputs for rid in self.decoding(cache)):
+        self.admit(outputs, cache)
+        if self.sequences:
             try:
-                decoded = self.decode(cache)
-            except Exception:  # the shared step: its sequences fail, their cache goes
-                self.cache, self.mask, self.rows = None, None, []
+                ran = self.engine.step()
+            except Exception:  # the shared step: its sequences fail (the engine dropped them)
+                self.sequences.clear()
                 raise
-            for rid, delta in decoded.items():
-                before = outputs.get(rid)
-                outputs[rid] = (self.TextDelta.make(before + delta, cache[rid])
-                                if isinstance(before, self.TextDelta) and before else delta)
+            for rid, why in ran.failed.items():
+                if self.sequences.pop(rid, None) is not None:
+                    cache[rid].finish_reason = "error"
+                    outputs[rid] = refusal(why, 503)
+            for rid, error in self.sampling_failed.items():
+                if self.sequences.pop(rid, None) is not None:
+                    cache[rid].finish_reason = "error"
+                    outputs[rid] = error
+                    self.engine.cancel(rid)
+            self.sampling_failed.clear()
+            for rid, tokens in ran.tokens.items():
+                seq = self.sequences.get(rid)
+                if seq is not None:
+                    outputs[rid] = self.take(seq, tokens, rid in ran.finished)
+                    if seq.finish_reason is not None:  # EOS, length or a stop string
+                        del self.sequences[rid]
+                        self.engine.cancel(rid)  # a stop string: the engine would go on
         for rid, output in outputs.items():
             if not isinstance(output, (str, self.TextDelta)):  # its error, kept while it stays
                 self.failed[rid] = output
-        for rid in ids:  # still being read, or ended in an earlier step of a static batch
+        for rid in ids:  # still being read or waiting for room, or ended in an earlier step
             if rid not in outputs:
                 outputs[rid] = (self.Pending() if rid in self.reading
                                 else self.failed.get(rid) or self.TextDelta.make("", cache[rid]))
@@ -201,39 +226,27 @@ class CausalLM:
             self.generated = 0
         return [outputs[rid] for rid in ids]
 
-    def decoding(self, cache: dict[str, Any]) -> list[str]:
-        """The running sequences not yet finished."""
-        return [rid for rid in self.rows if cache[rid].finish_reason is None]
-
-    def admit(self, outputs: dict[str, Any]) -> list[tuple[str, Any, torch.Tensor]]:
-        """The read requests that join this step, in the order they came, while their prompts
-        padded to the longest fit the step's ``prefill_tokens`` (the first always joins); a
-        request that could not be read gets its error in ``outputs``. One still being read
-        holds up none read after it."""
-        joining: list[tuple[str, Any, torch.Tensor]] = []
-        width = 0
+    def admit(self, outputs: dict[str, Any], cache: dict[str, Any]) -> None:
+        """Hand the read requests to the engine, in the order they came (it queues those the
+        KV cache has no room for yet); a request that could not be read gets its error in
+        ``outputs``."""
         for rid, future in list(self.reading.items()):
             if not future.done():
                 continue
+            del self.reading[rid]
             try:
                 seq, prompt = future.result()
             except CausalLM.Refused as exc:
                 outputs[rid] = refusal(str(exc))
-                del self.reading[rid]
                 continue
             except Exception as exc:  # a tokenizer's or a template's own failure: this one's
                 logger.error("request %s could not be read: %s", rid, exc, exc_info=exc)
                 outputs[rid] = refusal(f"The request could not be read: "
                                        f"{type(exc).__name__}: {exc}", 500)
-                del self.reading[rid]
                 continue
-            wider = max(width, len(prompt))
-            if joining and wider * (len(joining) + 1) > self.prefill_tokens:
-                break
-            width = wider
-            joining.append((rid, seq, prompt))
-            del self.reading[rid]
-        return joining
+            cache[rid] = self.sequences[rid] = seq
+            self.engine.add(rid, prompt.tolist(), seq.max_tokens,
+                            [] if seq.ignore_eos else sorted(self.eos))
 
     def run_to_end(self, data: list[Any], ids: list[str], context: Any) -> list[Any]:
         """The whole batch to its end in this call, each step's deltas streamed as they come."""
@@ -261,40 +274,6 @@ class CausalLM:
     def read(self, row: Any) -> tuple[CausalLM.Sequence, torch.Tensor]:
         """A request's sequence and prompt ids, from its row (on the reading thread)."""
         return self.sequence(parse_request(row))
-
-    def prefill(self, joining: list[tuple[str, Any, torch.Tensor]],
-                cache: dict[str, Any]) -> dict[str, Any]:
-        """Run the joining prompts through the model together (left-padded to one length),
-        then join them to the shared cache: each one's first token. A failure here is theirs
-        alone: each gets the error, the running sequences go on."""
-        from transformers import DynamicCache
-
-        width = max(len(prompt) for _, _, prompt in joining)
-        input_ids = torch.full((len(joining), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(joining), width), dtype=torch.long)
-        for i, (_, _, prompt) in enumerate(joining):
-            input_ids[i, width - len(prompt):] = prompt
-            mask[i, width - len(prompt):] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        own = DynamicCache()
-        try:
-            with torch.inference_mode():
-                logits = self.model(input_ids, attention_mask=mask, position_ids=positions,
-                                    past_key_values=own, use_cache=True,
-                                    logits_to_keep=1).logits[:, -1, :]
-        except Exception as exc:  # out of memory, say: the joining requests fail, alone
-            logger.error("prefill of %d prompts (%d tokens each, padded) failed: %s",
-                         len(joining), width, exc, exc_info=exc)
-            message = f"The prompt could not be prefilled: {type(exc).__name__}: {exc}"
-            return {rid: refusal(message, 500) for rid, _, _ in joining}
-        self.join([rid for rid, _, _ in joining], own, mask)
-        outputs: dict[str, Any] = {}
-        for i, (rid, seq, prompt) in enumerate(joining):
-            seq.position = len(prompt)
-            cache[rid] = seq
-            outputs[rid] = self.advance_alone(rid, seq, logits[i])
-        return outputs
 
     def sequence(self, request: dict[str, Any]) -> tuple[CausalLM.Sequence, torch.Tensor]:
         """A request's generation settings and its prompt's token ids.
@@ -334,6 +313,11 @@ class CausalLM:
             raise CausalLM.Refused(
                 f"The prompt has {len(prompt)} tokens; with max_tokens {max_tokens} that is "
                 f"more than the model's context of {self.context_length} tokens.")
+        if len(prompt) + max_tokens > self.engine.capacity:
+            raise CausalLM.Refused(
+                f"The prompt has {len(prompt)} tokens; with max_tokens {max_tokens} that is "
+                f"more than the {self.engine.capacity} tokens this worker's KV cache holds "
+                "(kvCacheMemory): send a shorter prompt or a smaller max_tokens.")
         generator = None
         if seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed % 2**63)
@@ -341,87 +325,53 @@ class CausalLM:
                             bool(request.get("ignore_eos")), generator)
         return seq, prompt
 
-    def join(self, rids: list[str], own: Any, mask: torch.Tensor) -> None:
-        """Pad the joining sequences' cache and the shared one to one length, and stack them."""
-        if self.cache is None or not self.rows:
-            self.cache, self.mask, self.rows = own, mask, list(rids)
-            return
-        assert self.mask is not None, "the shared cache has its mask"
-        width = max(self.mask.shape[1], mask.shape[1])
-        for mine, theirs in zip(own.layers, self.cache.layers):
-            theirs.keys = torch.cat([left_pad(theirs.keys, width), left_pad(mine.keys, width)])
-            theirs.values = torch.cat([left_pad(theirs.values, width),
-                                       left_pad(mine.values, width)])
-        self.mask = torch.cat([left_pad(self.mask, width), left_pad(mask, width)])
-        self.rows.extend(rids)
-
     def forget(self, gone: set[str], context: Any) -> None:
-        """Drop finished or cancelled sequences from the shared cache and from context.cache,
-        and requests cancelled while they were being read."""
+        """Drop finished or cancelled sequences from the engine (their blocks are freed) and
+        from context.cache, and requests cancelled while they were being read."""
         for rid in gone:
             context.cache.pop(rid, None)
             self.failed.pop(rid, None)
+            self.sampling_failed.pop(rid, None)
             reading = self.reading.pop(rid, None)
             if reading is not None:
                 reading.cancel()
-        if not gone & set(self.rows):
-            return
-        keep = [i for i, rid in enumerate(self.rows) if rid not in gone]
-        self.rows = [self.rows[i] for i in keep]
-        if not keep:
-            self.cache, self.mask = None, None
-            return
-        assert self.mask is not None, "rows are running: the shared cache has its mask"
-        index = torch.tensor(keep, device=self.device)
-        self.mask = self.mask[index]
-        drop = int((self.mask.sum(dim=0) == 0).long().cumprod(0).sum())  # all-padding columns
-        self.mask = self.mask[:, drop:]
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[index, :, drop:]
-            layer.values = layer.values[index, :, drop:]
+            if self.sequences.pop(rid, None) is not None:
+                self.engine.cancel(rid)
 
     # -- decoding ----------------------------------------------------------------------
 
-    def decode(self, cache: dict[str, Any]) -> dict[str, CausalLM.TextDelta]:
-        """One batched step over the shared cache; every unfinished sequence gets a token."""
-        rows = self.rows
-        assert self.mask is not None, "step decodes only while rows are running"
-        tokens = torch.tensor([[cache[r].next_token] for r in rows], device=self.device)
-        positions = torch.tensor([[cache[r].position] for r in rows], device=self.device)
-        self.mask = torch.cat([self.mask, torch.ones((len(rows), 1), dtype=torch.long,
-                                                      device=self.device)], dim=1)
-        with torch.inference_mode():
-            logits = self.model(tokens, attention_mask=self.mask, position_ids=positions,
-                                past_key_values=self.cache, use_cache=True,
-                                logits_to_keep=1).logits[:, -1, :]
-        out = {}
-        for i, rid in enumerate(rows):
-            seq = cache[rid]
-            if seq.finish_reason is None:
-                seq.position += 1
-                out[rid] = self.advance_alone(rid, seq, logits[i])
-        return out
-
-    def advance_alone(self, rid: str, seq: CausalLM.Sequence, logits: torch.Tensor) -> Any:
-        """:meth:`advance`, whose failure (a sampler's, a tokenizer's) ends this sequence
-        alone with the error."""
+    def sample(self, rid: str, logits: torch.Tensor) -> int:
+        """The engine's sampler: the next token of ``rid``, picked with its own settings. A
+        failure (a sampler's) ends this sequence alone with the error, after the step."""
         try:
-            return self.advance(rid, seq, logits)
+            return self.pick(self.sequences[rid], logits)
         except Exception as exc:
             logger.error("request %s: picking its next token failed: %s", rid, exc,
                          exc_info=exc)
-            seq.finish_reason = "error"
-            return refusal(f"Picking the next token failed: {type(exc).__name__}: {exc}", 500)
+            self.sampling_failed[rid] = refusal(
+                f"Picking the next token failed: {type(exc).__name__}: {exc}", 500)
+            return 0  # never shown: the sequence ends with its error
 
-    def advance(self, rid: str, seq: CausalLM.Sequence,
-                logits: torch.Tensor) -> CausalLM.TextDelta:
-        """Pick the next token, and say what text it adds and whether the sequence ends.
+    def take(self, seq: CausalLM.Sequence, tokens: list[int],
+             ended: bool) -> CausalLM.TextDelta:
+        """The text the engine's new tokens for ``seq`` add (one a step, but after all), and
+        whether they end it; ``ended``: the engine has ended it (its own EOS or length check,
+        which agree with :meth:`advance`'s)."""
+        text = ""
+        for token in tokens:
+            if seq.finish_reason is None:
+                text += self.advance(seq, token)
+        if ended and seq.finish_reason is None:
+            seq.finish_reason = "length"
+            text += release(seq, len(seq.text))
+        return self.TextDelta.make(text, seq)
+
+    def advance(self, seq: CausalLM.Sequence, token: int) -> CausalLM.TextDelta:
+        """Say what text the next token adds and whether the sequence ends.
 
         The text a stop string ends is cut exactly before it, even where the string spans
         tokens: text that may begin a stop string is held back until the next tokens say
         whether it does."""
-        token = self.pick(seq, logits)
-        seq.next_token = token
         if token in self.eos and not seq.ignore_eos:
             seq.finish_reason = "stop"
             return self.TextDelta.make(release(seq, len(seq.text)), seq)
@@ -514,18 +464,6 @@ class CausalLM:
                 f"The prompt has {count} characters; this model takes at most "
                 f"{self.max_prompt_characters} (handler.max_prompt_characters), and at most "
                 f"{self.max_prompt_tokens} tokens.")
-
-
-def left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """``tensor`` with zeros added before its sequence dimension (the last for a mask, the
-    third for keys and values) up to ``width``."""
-    dim = 1 if tensor.dim() == 2 else 2
-    missing = width - tensor.shape[dim]
-    if missing <= 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 def model_dtype(setting: str, device: torch.device) -> Any:

@@ -1,5 +1,6 @@
 """CUDA generation: the causal LM handler serves SmolLM2 on ``cuda:0`` in bf16 (model-config.yaml
-``handler: {dtype: bfloat16}``, as LLM users serve on GPUs), its greedy answer the tokens
+``handler: {dtype: bfloat16}``, as LLM users serve on GPUs), its paged KV cache on the GPU and
+sized as a fraction of its free memory (``kvCacheMemory: 0.1``), its greedy answer the tokens
 ``generate()`` gives on the same device and dtype. Skipped without an NVIDIA GPU."""
 
 from __future__ import annotations
@@ -30,12 +31,19 @@ def test_bf16_generation_on_the_gpu_gives_what_generate_gives(tmp_path) -> None:
     with zipfile.ZipFile(ARCHIVE) as archive:
         archive.extractall(tmp_path)
     context = MockContext(model_dir=str(tmp_path), gpu_id=0)
-    context.model_yaml_config = {"continuousBatching": "true", "handler": {"dtype": "bfloat16"}}
+    context.model_yaml_config = {"continuousBatching": "true", "kvCacheMemory": 0.1,
+                                 "handler": {"dtype": "bfloat16"}}
+    free, _ = torch.cuda.mem_get_info(0)
     context.metrics = Counters()
     lm = CausalLM()
     lm.initialize(context)
     weights = next(lm.model.parameters())
     assert weights.dtype == torch.bfloat16 and weights.device.type == "cuda"
+    engine = lm.engine
+    assert engine.cache.cache_tensor.device.type == "cuda" and engine.budget.page_size == 64
+    assert engine.budget.bytes_per_token == 2 * 30 * 3 * 64 * 2  # bf16: 2 bytes an element
+    assert 0 < engine.budget.budget <= 0.1 * free  # the weights were loaded before it was sized
+    assert lm.model.config._attn_implementation == "sdpa"  # not switched to flash
     prompt = "The capital of France is"
     text, rid = "", "bf16-0"
     for _ in range(100):

@@ -1,6 +1,7 @@
 """The causal LM handler's step, driven as the continuous loop drives it, on the real SmolLM2
-sample: what one step may cost (logits for the sampled positions only, prefill under its token
-budget) and that what one request sends fails that request alone."""
+sample: what one step may cost (logits for the sampled positions only, at most its token
+budget), what the KV cache's size means for a request, and that what one request sends fails
+that request alone. The engine's own behaviour is pinned in test_paged_engine.py."""
 
 from __future__ import annotations
 
@@ -34,10 +35,13 @@ def model_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def handler(model_dir: Path, **settings: Any) -> tuple[CausalLM, MockContext, list[dict]]:
+def handler(model_dir: Path, kv: Any = None,
+            **settings: Any) -> tuple[CausalLM, MockContext, list[dict]]:
     """A handler whose model's every forward pass is recorded: input and logits shapes."""
     context = MockContext(model_dir=str(model_dir))
     context.model_yaml_config = {"continuousBatching": "true", "handler": settings}
+    if kv is not None:
+        context.model_yaml_config["kvCacheMemory"] = kv
     context.metrics = Counters()
     lm = CausalLM()
     lm.initialize(context)
@@ -50,9 +54,10 @@ def handler(model_dir: Path, **settings: Any) -> tuple[CausalLM, MockContext, li
     return lm, context, passes
 
 
-def run(lm: CausalLM, context: MockContext, rows: list[Any]) -> dict[str, Any]:
+def run(lm: CausalLM, context: MockContext, rows: list[Any],
+        steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Steps until every request ends, as the worker's loop calls them: each request's text,
-    or its error."""
+    or its error (and in ``steps``, each step's outputs)."""
     run_id = uuid.uuid4().hex[:8]  # request ids are never reused, as a server's are not
     live = {f"r{i}-{run_id}": row for i, row in enumerate(rows)}
     done: dict[str, Any] = {rid: "" for rid in live}
@@ -62,6 +67,8 @@ def run(lm: CausalLM, context: MockContext, rows: list[Any]) -> dict[str, Any]:
         ids = list(live)
         context.request_ids = dict(enumerate(ids))
         outputs = lm.handle([live[rid] for rid in ids], context)
+        if steps is not None:
+            steps.append({rid.split("-")[0]: out for rid, out in zip(ids, outputs)})
         for rid, output, stops in zip(ids, outputs, context.stopping_criteria):
             if isinstance(output, RequestError):
                 done[rid] = output
@@ -82,18 +89,19 @@ def test_logits_are_kept_for_the_last_position_alone(model_dir) -> None:
     assert prefill["logits"] == (1, 1, lm.model.config.vocab_size)
 
 
-def test_prompts_join_under_the_steps_prefill_budget(model_dir) -> None:
+def greedy_alone(lm: CausalLM, text: str, count: int) -> str:
+    ids = lm.tokenizer(text, return_tensors="pt")["input_ids"]
+    out = lm.model.generate(ids, max_new_tokens=count, do_sample=False)
+    return lm.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_a_step_runs_at_most_prefill_tokens_and_gives_what_generate_gives(model_dir) -> None:
     lm, context, passes = handler(model_dir, prefill_tokens=40)
-    prompts = [{"body": {"prompt": f"Tell me about number {i} " + "please " * 20,
-                         "max_tokens": 3}} for i in range(3)]
-    answers = run(lm, context, prompts)
-    assert all(isinstance(text, str) and text for text in answers.values())
-    prefills = [p["input"] for p in passes if p["input"][1] > 1]
-    assert [rows for rows, _ in prefills] == [1, 1, 1]  # 27 tokens each: one prompt a step
-    lm, context, passes = handler(model_dir, prefill_tokens=64)
-    run(lm, context, prompts)
-    prefills = [p["input"] for p in passes if p["input"][1] > 1]
-    assert sum(rows for rows, _ in prefills) == 3 and max(rows for rows, _ in prefills) <= 2
+    texts = [f"Tell me about number {i} " + "please " * 20 for i in range(3)]
+    answers = run(lm, context, [{"body": {"prompt": text, "max_tokens": 3}} for text in texts])
+    assert max(p["input"][1] for p in passes) <= 40  # 27 tokens each: some split over steps
+    for i, text in enumerate(texts):
+        assert answers[f"r{i}"] == greedy_alone(lm, text, 3)
 
 
 @pytest.mark.parametrize(("row", "status", "words"), [
@@ -114,6 +122,55 @@ def test_a_request_fails_alone_beside_one_that_generates(model_dir, row, status,
     if status is not None:
         assert isinstance(answers["r1"], RequestError) and answers["r1"].status == status
         assert words in answers["r1"].message
+
+
+def test_a_request_the_kv_cache_cannot_hold_is_refused_and_one_it_cannot_hold_yet_waits(
+        model_dir) -> None:
+    """8 blocks of 32 tokens: a request of 300 is refused (400) alone; of three requests of
+    about 100 prompt tokens, the one that does not fit yet gets no text while the others run,
+    then runs (and so does one preempted)."""
+    lm, context, _ = handler(model_dir, kv=8 * 32 * 2 * 30 * 3 * 64 * 4)
+    assert lm.engine.capacity == 256
+    texts = [f"Story {i}: " + "once upon a time " * 24 for i in range(3)]
+    rows = [{"body": {"prompt": text, "max_tokens": 40, "ignore_eos": True}} for text in texts]
+    rows.append({"body": {"prompt": "Hi " * 100, "max_tokens": 200}})
+    steps: list[dict[str, Any]] = []
+    answers = run(lm, context, rows, steps)
+    assert isinstance(answers["r3"], RequestError) and answers["r3"].status == 400
+    assert "256 tokens this worker's KV cache holds (kvCacheMemory)" in answers["r3"].message
+    waited = [rid for rid in ("r0", "r1", "r2") if any(
+        step[rid].completion_tokens == 0 and any(step[other].completion_tokens > 0
+                                                 for other in ("r0", "r1", "r2"))
+        for step in steps[2:] if rid in step)]
+    assert waited
+    for i, text in enumerate(texts):
+        assert answers[f"r{i}"] == greedy_alone(lm, text, 40)
+
+
+def test_a_seeded_request_gives_the_same_tokens_whatever_it_runs_beside(model_dir) -> None:
+    lm, context, _ = handler(model_dir)
+    seeded = {"body": {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.9,
+                       "top_p": 0.9, "seed": 7}}
+    others = [{"body": {"prompt": "Name three colors.", "max_tokens": 8, "temperature": 1.2}},
+              {"body": {"prompt": "The capital of France is", "max_tokens": 5}}]
+    first = run(lm, context, [seeded])["r0"]
+    second = run(lm, context, [*others, seeded])["r2"]
+    assert first == second and first
+
+
+def test_a_request_that_leaves_mid_stream_frees_its_blocks(model_dir) -> None:
+    lm, context, _ = handler(model_dir)
+    rows = [{"body": {"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True}},
+            {"body": {"prompt": "The capital of France is", "max_tokens": 6}}]
+    context.request_ids = {0: "going", 1: "staying"}
+    for _ in range(3):
+        lm.handle(rows, context)
+    assert lm.engine.blocks_held("going") >= 1
+    context.cache.pop("going")  # the worker's loop, on a CANCEL
+    context.request_ids = {0: "staying"}
+    [out] = lm.handle(rows[1:], context)
+    assert lm.engine.blocks_held("going") == 0 and "going" not in lm.sequences
+    assert out.completion_tokens > 0 and out.finish_reason is None
 
 
 def test_a_failing_sampler_ends_its_sequence_alone(model_dir, monkeypatch) -> None:

@@ -1,0 +1,266 @@
+"""The causal LM's engine: transformers' continuous batching driven one step per call.
+
+transformers (5.25) ships a continuous-batching engine: a paged KV cache of fixed size (blocks
+of ``page_size`` tokens), a FIFO scheduler that queues a request while its blocks do not fit
+and preempts a running one that cannot grow (its blocks are freed and it is recomputed later
+from its prompt and the tokens it had), prefix reuse (a full block is hashed with the blocks
+before it, and a later prompt that begins with the same tokens shares it instead of computing
+it again), and chunked prefill under a per-step token budget (decoding sequences go first,
+then as much of a prompt as the budget leaves). Its public API runs all of that on a thread of
+its own; :class:`PagedEngine` runs it here, one step per call and no thread, through the batch
+processor's ``prepare_next_batch`` / ``_generation_step`` / ``update_batch``. Those names are
+semi-private and change between minor versions: pyproject.toml pins ``transformers==5.25.*``
+and ``tests/unit/test_paged_engine.py`` fails loudly when an upgrade breaks them.
+
+The engine owns the KV cache and who runs in a step. It does not read requests, pick tokens
+(the caller's ``pick`` does, for each sequence that gets one: its sampling settings and seed
+are the caller's), turn tokens into text or decide that a stop string ended a sequence.
+Like the handler that uses it, it imports nothing of mservd: it travels in the archive beside
+``causal_lm.py`` so that the archive runs on TorchServe too.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_MEMORY = 512 * 2**20  # bytes: the CPU has no free memory of its own to share
+DEFAULT_CUDA_KV_FRACTION = 0.5  # of the GPU's free memory once the weights are loaded
+CPU_PAGE_SIZE = 32  # tokens per block: the granularity of prefix reuse
+CUDA_PAGE_SIZE = 64
+NO_ROOM = "No requests can be scheduled"  # transformers' words when the cache holds none
+UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+MEMORY = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """The KV cache's size: what one token costs, how many bytes it may take, in blocks."""
+
+    bytes_per_token: int
+    budget: int  # bytes
+    page_size: int  # tokens per block
+    num_blocks: int
+
+    @property
+    def tokens(self) -> int:
+        return self.num_blocks * self.page_size
+
+
+@dataclass
+class EngineStep:
+    """What one step did: each sequence's new tokens, and the sequences the engine ended."""
+
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # request id -> why; gone from the engine
+    finished: set[str] = field(default_factory=set)  # ended by the engine: EOS or max tokens
+    scheduled: dict[str, int] = field(default_factory=dict)  # request id -> tokens it ran
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """One token's keys and values in every layer: 2 × layers × KV heads × head dim × bytes
+    per element (a model with grouped KV heads keeps fewer heads than it attends with)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * dtype.itemsize
+
+
+def kv_memory(setting: Any, device: torch.device) -> int:
+    """The bytes the KV cache may take, from model-config.yaml ``kvCacheMemory``: bytes (an
+    int, or a string with a unit: ``512MiB``, ``2GiB``, ``1.5GB``), or on a GPU a fraction
+    (0 < x ≤ 1) of its free memory. Without it: 512 MiB on the CPU, half the GPU's free memory.
+
+    :raises ValueError: a setting that is none of these, or a fraction on the CPU.
+    """
+    if setting is None:
+        setting = DEFAULT_CUDA_KV_FRACTION if device.type == "cuda" else DEFAULT_CPU_KV_MEMORY
+    amount: float | None = None
+    if isinstance(setting, (int, float)) and not isinstance(setting, bool):
+        amount = float(setting)
+    elif isinstance(setting, str) and (match := MEMORY.fullmatch(setting)):
+        amount = float(match[1]) * UNITS[(match[2] or "b").lower()]
+        if match[2] is None and amount <= 1:  # "0.5": a fraction, as 0.5 is
+            amount = float(match[1])
+        elif amount <= 1:
+            amount = None
+    if amount is None or amount <= 0:
+        raise ValueError(f"kvCacheMemory {setting!r} is not a size: give bytes (an integer, or "
+                         "a number with a unit: 512MiB, 2GiB) or, on a GPU, a fraction of its "
+                         "free memory (0.5).")
+    if amount > 1:
+        return int(amount)
+    if device.type != "cuda":
+        raise ValueError(f"kvCacheMemory {setting!r} is a fraction of a GPU's free memory, and "
+                         "this worker runs on the CPU: give bytes, e.g. 512MiB.")
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free * amount)
+
+
+def kv_budget(model: Any, setting: Any, device: torch.device) -> KVBudget:
+    """The cache's size for ``model`` under model-config.yaml ``kvCacheMemory``.
+
+    :raises ValueError: a bad setting, or one too small for a single block.
+    """
+    per_token = kv_bytes_per_token(model.config, model.dtype)
+    budget = kv_memory(setting, device)
+    page_size = CUDA_PAGE_SIZE if device.type == "cuda" else CPU_PAGE_SIZE
+    blocks = budget // (per_token * page_size)
+    if blocks < 1:
+        raise ValueError(f"kvCacheMemory {setting!r} ({budget} bytes) does not hold one block of "
+                         f"{page_size} tokens at {per_token} bytes a token: give at least "
+                         f"{per_token * page_size} bytes.")
+    return KVBudget(per_token, budget, page_size, blocks)
+
+
+class PagedEngine:
+    """transformers' continuous-batching engine for one model, stepped by the caller.
+
+    :param pick: the next token of request ``rid`` from its logits (one row, float32); called
+        for every sequence that gets a token in a step, in the step's order. It must not raise:
+        an error there fails the whole step.
+    """
+
+    def __init__(self, model: Any, budget: KVBudget, max_batch_tokens: int,
+                 pick: Callable[[str, torch.Tensor], int]) -> None:
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        self.model = model
+        self.budget = budget
+        self.pick = pick
+        # each request says its max_new_tokens and its EOS (none: -1)
+        generation = GenerationConfig(do_sample=False, max_new_tokens=1, eos_token_id=-1)
+        config = ContinuousBatchingConfig(
+            page_size=budget.page_size,
+            num_blocks=budget.num_blocks,  # never sized by transformers (60% of RAM on a CPU)
+            max_batch_tokens=max_batch_tokens,
+            max_memory_percent=1.0,  # only checked: the cache and its buffers must fit at all
+            allow_block_sharing=True,
+            scheduler_type="fifo",  # decoding first, then prefill chunks with what is left
+            use_cuda_graph=False,  # our sampler is Python: it cannot be captured in a graph
+            use_async_batching=False,
+            auto_switch_to_flash=False,  # sdpa, as loaded: flash_attn may be missing offline
+        )
+        if model.device.type == "cuda":
+            torch.cuda.set_device(model.device)  # the engine sizes and streams on this GPU
+        self.manager = model.init_continuous_batching(generation_config=generation,
+                                                      continuous_batching_config=config)
+        # what the manager's start() does on its thread, without the thread
+        self.manager.background_thread_status.clear()
+        self.processor = self.manager._create_batch_processor()
+        self.manager.batch_processor = self.processor
+        self.manager.current_batch = 0
+        self.processor.model_runner._sample = self._sample
+        self.cache = self.processor.cache
+        self.capacity = self.cache.num_blocks * budget.page_size  # tokens
+        self.requests: dict[str, int] = {}  # request id -> the tokens it may take (prompt + new)
+        self.seen: dict[str, int] = {}  # request id -> the tokens it was given so far
+        logger.info("KV cache: %d bytes a token (%s), %d bytes budget, %d blocks of %d tokens: "
+                    "%d tokens fit; %d tokens a step", budget.bytes_per_token, model.dtype,
+                    budget.budget, self.cache.num_blocks, budget.page_size, self.capacity,
+                    self.processor.max_batch_tokens)
+
+    def add(self, rid: str, prompt: list[int], max_new_tokens: int, eos: list[int]) -> None:
+        """Queue a sequence; it runs when the scheduler has room for it (the caller has checked
+        that ``prompt`` and ``max_new_tokens`` fit :attr:`capacity`). ``eos`` ends it (none:
+        it runs to ``max_new_tokens``)."""
+        self.requests[rid] = len(prompt) + max_new_tokens
+        self.seen[rid] = 0
+        self.manager.add_request(prompt, request_id=rid, max_new_tokens=max_new_tokens,
+                                 streaming=True, eos_token_id=eos or [])
+
+    def cancel(self, rid: str) -> None:
+        """End a sequence: its blocks are freed at the next step (a full block stays cached
+        for prefix reuse until its room is wanted)."""
+        if self.requests.pop(rid, None) is not None:
+            self.seen.pop(rid, None)
+            self.manager.cancel_request(rid)
+
+    def step(self) -> EngineStep:
+        """One forward pass for every sequence the scheduler runs now.
+
+        A step the cache has no room for (transformers: "No requests can be scheduled…")
+        ends the largest sequence alone, which goes into ``failed``; any other failure cancels
+        every sequence and raises.
+        """
+        result = EngineStep()
+        processor = self.processor
+        try:
+            with torch.inference_mode():
+                if processor.prepare_next_batch():
+                    result.scheduled = {
+                        future.state.request_id: future.query_length
+                        for future in processor.inputs_and_outputs.requests_in_batch}
+                    processor._generation_step(self.model)
+                    processor.update_batch()
+        except RuntimeError as exc:
+            if not str(exc).startswith(NO_ROOM) or not self.requests:
+                self.cancel_all()
+                raise
+            rid = max(self.requests, key=self.requests.__getitem__)
+            result.failed[rid] = (f"The KV cache has no room for this request's "
+                                  f"{self.requests[rid]} tokens (prompt and max_tokens) beside "
+                                  f"the others; the cache holds {self.capacity} tokens.")
+            logger.error("request %s stopped: %s", rid, result.failed[rid])
+            self.cancel(rid)
+        except Exception:
+            self.cancel_all()
+            raise
+        for output in self.outputs():
+            rid = output.request_id
+            if rid not in self.requests:  # cancelled since
+                continue
+            if output.error is not None:
+                result.failed[rid] = str(output.error)
+                self.cancel(rid)
+                continue
+            tokens = list(output.generated_tokens)
+            result.tokens[rid] = tokens[self.seen[rid]:]
+            self.seen[rid] = len(tokens)
+            if output.is_finished():
+                result.finished.add(rid)
+                self.requests.pop(rid, None)
+                self.seen.pop(rid, None)
+        return result
+
+    def outputs(self) -> list[Any]:
+        """The step's outputs (each sequence's tokens so far), in order."""
+        out = []
+        delivered = self.manager.output_router.output_queue
+        while True:
+            try:
+                out.append(delivered.get_nowait())
+            except queue.Empty:
+                return out
+
+    def cancel_all(self) -> None:
+        for rid in list(self.requests):
+            self.cancel(rid)
+        self.outputs()
+
+    def blocks_held(self, rid: str) -> int:
+        """The cache blocks ``rid`` holds now (shared ones included)."""
+        return sum(len(allocator.block_table.get(rid, ()))
+                   for allocator in self.cache.cache_allocators.values())
+
+    def waiting(self) -> list[str]:
+        """The sequences queued for room, in order."""
+        return list(self.processor.scheduler.waiting_requests)
+
+    def _sample(self, scores: torch.Tensor, output_ids: torch.Tensor) -> None:
+        """Replaces transformers' sampler (``ModelRunner._sample``): row ``i`` of ``scores``
+        is the ``i``-th sequence of the step that gets a token, in batch order."""
+        rows = [future.state.request_id
+                for future in self.processor.inputs_and_outputs.requests_in_batch
+                if future.has_new_token]
+        for i, rid in enumerate(rows):
+            output_ids[0, i] = self.pick(rid, scores[0, i])

@@ -1,0 +1,200 @@
+"""The causal LM's engine (``handlers/paged_engine.py``): transformers' continuous batching
+stepped one call at a time, on the real SmolLM2 sample. It drives semi-private transformers
+code (pinned in pyproject.toml): a transformers upgrade that breaks the stepper fails here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from test_causal_lm_step import model_dir  # noqa: F401 (the sample's folder, a fixture)
+
+from handlers import paged_engine
+from handlers.paged_engine import KVBudget, PagedEngine
+
+CPU = torch.device("cpu")
+PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M: 30 layers, 3 KV heads of 64, float32
+
+
+@pytest.fixture(scope="module")
+def model(model_dir) -> Any:  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                attn_implementation="sdpa").eval()
+
+
+def greedy(rid: str, logits: torch.Tensor) -> int:
+    return int(torch.argmax(logits))
+
+
+def engine(model: Any, blocks: int = 64, step_tokens: int = 256, pick=greedy) -> PagedEngine:
+    return PagedEngine(model, KVBudget(PER_TOKEN, blocks * 32 * PER_TOKEN, 32, blocks),
+                       step_tokens, pick)
+
+
+def drive(eng: PagedEngine, steps: int = 400, trace: list | None = None) -> dict[str, list[int]]:
+    """Steps until the engine has nothing left: each request's tokens (or its failure)."""
+    got: dict[str, Any] = {}
+    for _ in range(steps):
+        if not eng.requests:
+            return got
+        ran = eng.step()
+        for rid, tokens in ran.tokens.items():
+            got.setdefault(rid, []).extend(tokens)
+        got.update(ran.failed)
+        if trace is not None:
+            trace.append((set(eng.processor.scheduler.active_requests), set(eng.waiting()),
+                          dict(ran.scheduled)))
+    raise AssertionError("the engine did not finish in time")
+
+
+def alone(model: Any, prompt: list[int], count: int) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=count, min_new_tokens=count,
+                         do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def prompt(i: int, length: int = 50) -> list[int]:
+    """A prompt of ``length`` tokens, different for each ``i``."""
+    return [100 + (i * 7 + j * 13) % 5000 for j in range(length)]
+
+
+def test_bytes_per_token_count_the_grouped_kv_heads(model) -> None:
+    assert paged_engine.kv_bytes_per_token(model.config, torch.float32) == PER_TOKEN
+    assert paged_engine.kv_bytes_per_token(model.config, torch.bfloat16) == PER_TOKEN // 2
+    budget = paged_engine.kv_budget(model, "512MiB", CPU)
+    assert (budget.page_size, budget.num_blocks) == (32, 2**29 // (PER_TOKEN * 32))
+    assert paged_engine.kv_budget(model, None, CPU) == budget  # the CPU's default
+
+
+@pytest.mark.parametrize(("setting", "expected"), [
+    (1_000_000, 1_000_000), ("512MiB", 512 * 2**20), ("2GiB", 2 * 2**30), ("1.5GB", 1.5e9),
+    (" 64 kib ", 65536), ("300000000", 300_000_000),
+])
+def test_kv_cache_memory_is_bytes_with_or_without_a_unit(setting, expected) -> None:
+    assert paged_engine.kv_memory(setting, CPU) == expected
+
+
+@pytest.mark.parametrize(("setting", "words"), [
+    ("lots", "is not a size"), (-5, "is not a size"), (True, "is not a size"),
+    ("0MiB", "is not a size"), (0.5, "runs on the CPU: give bytes"),
+    ("0.25", "runs on the CPU: give bytes"),
+])
+def test_kv_cache_memory_refuses_what_is_not_a_size_for_this_device(setting, words) -> None:
+    with pytest.raises(ValueError, match=words):
+        paged_engine.kv_memory(setting, CPU)
+
+
+def test_a_budget_below_one_block_is_refused(model) -> None:
+    with pytest.raises(ValueError, match="does not hold one block of 32 tokens"):
+        paged_engine.kv_budget(model, "1MiB", CPU)
+
+
+def test_the_stepper_gives_what_generate_gives_one_token_a_step(model) -> None:
+    eng = engine(model)
+    assert eng.cache.num_blocks == 64 and eng.capacity == 64 * 32
+    prompts = {f"r{i}": prompt(i, 20 + 10 * i) for i in range(3)}
+    for rid, ids in prompts.items():
+        eng.add(rid, ids, 12, eos=[])
+    trace: list = []
+    got = drive(eng, trace=trace)
+    for rid, ids in prompts.items():
+        assert got[rid] == alone(model, ids, 12)
+    assert all(len(t[2]) == 3 for t in trace[:12])  # all three in every step
+    assert torch.is_inference_mode_enabled() is False
+
+
+def test_a_second_prompt_with_the_same_prefix_reuses_its_blocks(model) -> None:
+    eng = engine(model, step_tokens=512)
+    shared = prompt(0, 320)  # ten blocks of 32
+    eng.add("first", shared + [7, 8, 9], 2, eos=[])
+    first: list = []
+    drive(eng, trace=first)
+    eng.add("second", shared + [10, 11, 12], 2, eos=[])
+    second: list = []
+    got = drive(eng, trace=second)
+    ran = [scheduled.get("second", 0) for _, _, scheduled in second]
+    assert sum(ran) <= 3 + 32 + 1 and ran[0] < 40  # its 320 shared tokens were not run again
+    assert sum(scheduled.get("first", 0) for _, _, scheduled in first) >= 323
+    assert got["second"] == alone(model, shared + [10, 11, 12], 2)
+
+
+def test_a_long_prompt_is_prefilled_over_steps_while_the_streams_go_on(model) -> None:
+    eng = engine(model, step_tokens=64)
+    for i in range(3):
+        eng.add(f"s{i}", prompt(i, 10), 30, eos=[])
+    eng.step()  # the three short prompts
+    long = prompt(9, 400)
+    eng.add("long", long, 3, eos=[])
+    steps: list[paged_engine.EngineStep] = []
+    while not steps or "long" not in steps[-1].tokens:
+        steps.append(eng.step())
+        assert len(steps) <= 20, "the long prompt got no token in 20 steps"
+    assert len(steps) >= 400 // 64  # prefilled over several steps...
+    for ran in steps:  # ...and every stream got a token in each of them
+        assert all(len(ran.tokens.get(f"s{i}", [])) == 1 for i in range(3))
+        assert sum(ran.scheduled.values()) <= 64
+    got = drive(eng)
+    assert steps[-1].tokens["long"] + got["long"] == alone(model, long, 3)
+
+
+def test_a_request_waits_for_room_and_preempted_ones_are_recomputed_exactly(model) -> None:
+    """Eight blocks of 32 tokens, four requests of 110: some wait, some are preempted (their
+    blocks freed, recomputed later from prompt and tokens so far); all end as generate()."""
+    eng = engine(model, blocks=8, step_tokens=128)
+    prompts = {f"r{i}": prompt(i, 50) for i in range(4)}
+    for rid, ids in prompts.items():
+        eng.add(rid, ids, 60, eos=[])
+    trace: list = []
+    got = drive(eng, trace=trace)
+    assert any(waiting for _, waiting, _ in trace[1:])  # one waited for room
+    ran_before: set[str] = set()
+    preempted = set()
+    for active, waiting, _ in trace:
+        preempted |= ran_before & waiting
+        ran_before |= active
+    assert preempted, "no request was preempted"
+    for rid, ids in prompts.items():
+        assert got[rid] == alone(model, ids, 60), rid
+
+
+def test_a_step_without_room_fails_the_largest_request_alone(model) -> None:
+    eng = engine(model, blocks=4)
+    eng.add("small", prompt(1, 20), 5, eos=[])
+    eng.add("huge", prompt(2, 400), 10, eos=[])  # 410 tokens: the cache holds 128
+    got = drive(eng)
+    assert "no room" in got["huge"] and "410 tokens" in got["huge"]
+    assert got["small"] == alone(model, prompt(1, 20), 5)
+    assert eng.blocks_held("huge") == 0 and not eng.requests
+
+
+def test_a_cancelled_sequence_frees_its_blocks(model) -> None:
+    eng = engine(model)
+    eng.add("going", prompt(1, 100), 50, eos=[])
+    eng.add("staying", prompt(2, 30), 8, eos=[])
+    for _ in range(3):
+        eng.step()
+    assert eng.blocks_held("going") == 4  # 103 tokens in blocks of 32
+    eng.cancel("going")
+    ran = eng.step()
+    assert "going" not in ran.tokens and eng.blocks_held("going") == 0
+    assert "going" not in eng.processor.scheduler.active_requests
+    assert drive(eng)["staying"][-1:] and "going" not in eng.requests
+
+
+def test_the_pick_sees_each_sequence_that_gets_a_token_in_batch_order(model) -> None:
+    seen: list[str] = []
+
+    def pick(rid: str, logits: torch.Tensor) -> int:
+        seen.append(rid)
+        assert logits.dim() == 1 and logits.dtype == torch.float32
+        return {"a": 11, "b": 22}[rid]
+
+    eng = engine(model, pick=pick)
+    eng.add("a", prompt(1, 10), 3, eos=[])
+    eng.add("b", prompt(2, 10), 3, eos=[])
+    got = drive(eng)
+    assert got == {"a": [11, 11, 11], "b": [22, 22, 22]}
+    assert seen == ["a", "b"] * 3
