@@ -284,3 +284,23 @@ def test_dtype_is_float32_on_the_cpu_unless_set(model_dir) -> None:
     assert isinstance(answer, str) and answer
     with pytest.raises(ValueError, match="handler.dtype 'fp8' is not one of auto, float32"):
         handler(model_dir, dtype="fp8")
+
+
+def test_a_failing_engine_step_fails_its_rows_and_the_next_requests_run(model_dir,
+                                                                        monkeypatch) -> None:
+    """Any failure of the shared step but the cache's lack of room raises (the worker fails
+    the step's requests) and leaves the engine empty, ready for the next ones."""
+    lm, context, _ = handler(model_dir)
+    step = lm.engine.processor._generation_step
+    monkeypatch.setattr(lm.engine.processor, "_generation_step",
+                        lambda model: (_ for _ in ()).throw(RuntimeError("device lost")))
+    context.request_ids = {0: "doomed"}
+    with pytest.raises(RuntimeError, match="device lost"):
+        for _ in range(20):
+            lm.handle([{"body": {"prompt": "Hi", "max_tokens": 4}}], context)
+    context.cache.pop("doomed", None)  # the worker's loop: the step's requests leave
+    assert not lm.engine.requests and not lm.sequences
+    monkeypatch.setattr(lm.engine.processor, "_generation_step", step)
+    answer = run(lm, context, [{"body": {"prompt": "The capital of France is",
+                                         "max_tokens": 6}}])["r0"]
+    assert answer == greedy_alone(lm, "The capital of France is", 6)
