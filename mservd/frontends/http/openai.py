@@ -15,6 +15,8 @@ the routes.
 
 from __future__ import annotations
 
+import json
+
 from mservd import protocol
 from mservd.errors import MservdError, ResourceNotFound
 from mservd.frontends.bridge import client_network
@@ -27,7 +29,7 @@ from mservd.frontends.http.request import (
     forwarded_headers,
 )
 from mservd.frontends.http.router import Params
-from mservd.openai_request import parse
+from mservd.openai_request import FieldError, parse
 
 
 async def chat_completions(gateway: Gateway, request: HttpRequest,
@@ -54,8 +56,18 @@ async def _generation(gateway: Gateway, request: HttpRequest, kind: str) -> Answ
                                    timeout_ms=request.timeout_ms(),
                                    client=client_network(request.client))
 
-    return as_events(await gateway.forward(request, frames, stream=True, shape=OPENAI,
-                                           door=False), OPENAI)
+    try:
+        answer = await gateway.forward(request, frames, stream=True, shape=OPENAI, door=False)
+    except FieldError as exc:
+        return field_refused(exc)
+    return as_events(answer, OPENAI)
+
+
+def field_refused(exc: FieldError) -> Answer:
+    """A field refused, with OpenAI's ``param`` naming it and its ``code``."""
+    return Answer(exc.http_status, json.dumps({"error": {
+        "message": exc.message, "type": "invalid_request_error", "param": exc.param,
+        "code": exc.code}}).encode())
 
 
 def not_found(request: HttpRequest) -> MservdError:

@@ -6,8 +6,10 @@ The frontend checks the body's fields and forwards what the worker needs of them
 chat or completion request is one row ``{"body": {...}}`` for a generation handler
 (``handlers/causal_lm.py``), which answers each step with a text delta; a streamed request gets
 each delta as a server-sent event and ``data: [DONE]`` at the end, any other gets one answer
-with the whole text. An embedding request is one row per input text. Errors are OpenAI's
-``{"error": {"message", "type", "param", "code"}}``.
+with the whole text. An embedding request is one row per input text, decoded and answered by
+``openai_embeddings.py``. A request to a model of the wrong kind (an embedding to a generation
+model, a chat to an embedding model) is refused with 400 before it reaches the handler. Errors
+are OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
@@ -19,16 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mservd import protocol
-from mservd.openai_request import KINDS, OpenAIRequest
+from mservd.openai_request import KINDS, OpenAIError, OpenAIRequest
+from mservd.worker.codecs import openai_embeddings
 from mservd.worker.codecs.base import Call, too_large
-from mservd.worker.codecs.kserve_v1 import MIN_INSTANCES_CAP
 
 SSE = "text/event-stream"
 SSE_HEADERS = {"Cache-Control": "no-cache"}
 
 
-class OpenAIError(ValueError):
-    """A body this codec cannot read; its request alone is answered 400."""
+__all__ = ["CODEC", "OpenAIError"]  # OpenAIError: a request this codec refuses (400)
 
 
 @dataclass
@@ -64,17 +65,14 @@ class OpenAICodec:
         except ValueError as exc:
             raise OpenAIError(str(exc)) from None
         kind = checked.kind
+        if kind == "embedding":
+            return openai_embeddings.decode(checked, context)
+        refused = openai_embeddings.refusal(kind, checked.model, context)
+        if refused:
+            raise OpenAIError(refused)
         exchange = Exchange(kind, checked.model, checked.stream, checked.include_usage,
                             ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex,
                             int(time.time()))
-        if kind == "embedding":
-            cap = max(context.system_properties.get("batch_size") or 1, MIN_INSTANCES_CAP)
-            if len(checked.texts) > cap:  # each text is a row of the handler's batch
-                raise OpenAIError(f'"input" has {len(checked.texts)} texts; a request may carry '
-                                  f"at most {cap} (the model's batch size, or "
-                                  f"{MIN_INSTANCES_CAP} if that is smaller). Split it into "
-                                  "several requests.")
-            return Call([{"body": text} for text in checked.texts], state=exchange)
         return Call([{"body": checked.body}], state=exchange)
 
     def encode_part(self, call: Call, item: Any, context: Any,
@@ -94,7 +92,10 @@ class OpenAICodec:
                limit: int) -> tuple[bytes, bytes]:
         exchange: Exchange = call.state
         if exchange.kind == "embedding":
-            body = self._embeddings(exchange, outputs)
+            try:
+                body = openai_embeddings.encode(call.state, outputs)
+            except openai_embeddings.EmbeddingRefused as exc:
+                return self.error(400, "invalid_value", str(exc))
             content_type, headers = protocol.JSON, None
         else:
             item = outputs[0]
@@ -149,18 +150,6 @@ class OpenAICodec:
             return {"index": 0, "message": {"role": "assistant", "content": text},
                     "logprobs": None, "finish_reason": reason}
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-
-    @staticmethod
-    def _embeddings(exchange: Exchange, outputs: list[Any]) -> bytes:
-        data = []
-        for index, vector in enumerate(outputs):
-            if hasattr(vector, "tolist"):
-                vector = vector.tolist()
-            if isinstance(vector, dict):  # a handler answering {"embedding": [...]}
-                vector = vector.get("embedding", vector)
-            data.append({"object": "embedding", "index": index, "embedding": vector})
-        return json.dumps({"object": "list", "data": data, "model": exchange.model,
-                           "usage": {"prompt_tokens": 0, "total_tokens": 0}}).encode()
 
 
 def usage_of(item: Any) -> dict[str, int]:
