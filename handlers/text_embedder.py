@@ -9,6 +9,10 @@ sentence-transformers does. A sentence-transformers folder's own files choose th
 ``Normalize``) and the length (``sentence_bert_config.json``); model-config.yaml's ``handler:``
 ``pooling``, ``normalize`` and ``max_length`` override them.
 
+Each embedding is a list of floats that also says how many tokens its text ran as
+(``Embedding.prompt_tokens``): OpenAI's ``usage.prompt_tokens`` is their sum; any other protocol
+sees the list.
+
 Input per request: a text body (``str`` or bytes), a JSON string, or JSON ``{"text": "..."}``.
 A request without usable text fails alone with 400, whatever its bytes hold (JSON nested
 too deeply to parse included).
@@ -40,6 +44,13 @@ from handlers import BaseHandler, RequestError
 DEFAULT_MAX_LENGTH = 512
 DEFAULT_MAX_BATCH_TOKENS = 8192  # padded tokens of one forward pass
 PADDING_SLACK = 16  # tokens of padding any text may carry, however short
+
+
+class Embedding(list):
+    """One text's vector (a list of floats, as every protocol answers it), with the number of
+    tokens its text ran as (special tokens included, after truncation)."""
+
+    prompt_tokens: int = 0
 
 
 class TextEmbedder(BaseHandler):
@@ -86,8 +97,11 @@ class TextEmbedder(BaseHandler):
                 self._slots.append(len(texts))
                 texts.append(text)
         if not texts:
+            self._tokens: list[int] = []
             return []
-        return self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        self._tokens = [len(row) for row in ids]
+        return ids
 
     def inference(self, data: list[list[int]], *args: Any, **kwargs: Any) -> torch.Tensor:
         """One vector per text, from passes over texts of similar length."""
@@ -113,8 +127,15 @@ class TextEmbedder(BaseHandler):
     def postprocess(self, data: torch.Tensor) -> list[Any]:
         rows = data.tolist()
         return [
-            rows[slot] if isinstance(slot, int) else RequestError(400, slot) for slot in self._slots
+            self._embedding(rows[slot], self._tokens[slot]) if isinstance(slot, int)
+            else RequestError(400, slot) for slot in self._slots
         ]
+
+    @staticmethod
+    def _embedding(row: list[float], tokens: int) -> Embedding:
+        vector = Embedding(row)
+        vector.prompt_tokens = tokens
+        return vector
 
 
 def passes(lengths: list[int], max_tokens: int) -> list[list[int]]:
