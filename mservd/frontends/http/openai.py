@@ -16,6 +16,7 @@ the routes.
 from __future__ import annotations
 
 import json
+import re
 
 from mservd import protocol
 from mservd.errors import MservdError, ResourceNotFound
@@ -60,7 +61,27 @@ async def _generation(gateway: Gateway, request: HttpRequest, kind: str) -> Answ
         answer = await gateway.forward(request, frames, stream=True, shape=OPENAI, door=False)
     except FieldError as exc:
         return field_refused(exc)
+    if answer.status == 400 and answer.stream is None:
+        answer.body = context_exceeded(answer.body, "messages" if kind == "chat" else "prompt")
     return as_events(answer, OPENAI)
+
+
+# the generation handler's refusal of a prompt (and max_tokens) past the model's context
+# (handlers/causal_lm.py): OpenAI's code for it, which clients (LangChain's trimming) look for
+_CONTEXT_EXCEEDED = re.compile(rb'"message": "The prompt has \d+ tokens')
+
+
+def context_exceeded(body: bytes, param: str) -> bytes:
+    """An OpenAI error body, with ``code: "context_length_exceeded"`` when it says the prompt
+    is past the context."""
+    if not _CONTEXT_EXCEEDED.search(body):
+        return body
+    try:
+        doc = json.loads(body)
+        doc["error"].update(code="context_length_exceeded", param=param)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return body
+    return json.dumps(doc).encode()
 
 
 def field_refused(exc: FieldError) -> Answer:
