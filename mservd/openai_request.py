@@ -42,6 +42,8 @@ MAX_TOOLS = 128  # OpenAI's own bound
 MAX_LOGIT_BIAS = 300  # OpenAI's own bound: entries of logit_bias
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI's
 MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI's
+MAX_N = 8  # choices of one prompt ("n")
+MAX_CHOICES = 64  # choices of one request: prompts x n, each its own request to the worker
 ROLES = ("system", "developer", "user", "assistant", "tool")
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a function's or a JSON schema's name, as OpenAI's
 # the fields a generation handler reads (handlers/causal_lm.py), of a checked body
@@ -133,6 +135,31 @@ class OpenAIRequest:
     texts: list[str] = field(default_factory=list)  # an embedding's inputs, one row each
     # an embedding's encoding_format ("float" or "base64") and dimensions, when sent
     options: dict[str, Any] = field(default_factory=dict)
+    n: int = 1  # choices of each prompt: :meth:`choices` makes one request of each
+
+    def choices(self) -> list[OpenAIRequest]:
+        """One request per choice, as each travels to the worker: each prompt of a list
+        (a string, or token ids as ``prompt_token_ids``) ``n`` times, in OpenAI's order
+        (choice ``index`` = prompt's index x n + i); with a ``seed``, choice i of a prompt
+        samples with seed + i, so that the choices differ and repeat. A request of one choice
+        is itself."""
+        if self.n == 1 and not isinstance(self.body.get("prompt"), list):
+            return [self]
+        prompts = prompt_list(self.body["prompt"]) if "prompt" in self.body else [None]
+        seed = self.body.get("seed")
+        out = []
+        for prompt in prompts:
+            for i in range(self.n):
+                body = {k: v for k, v in self.body.items() if k != "prompt"}
+                if isinstance(prompt, list):
+                    body["prompt_token_ids"] = prompt
+                elif prompt is not None:
+                    body["prompt"] = prompt
+                if seed is not None:
+                    body["seed"] = seed + i
+                out.append(OpenAIRequest(self.kind, self.model, self.stream,
+                                         self.include_usage, body))
+        return out
 
     def payload(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -200,9 +227,8 @@ def parse(kind: str, body: bytes) -> OpenAIRequest:
         _chat_logprobs(doc)
     else:
         _completion_only(doc)
-        if not isinstance(doc.get("prompt"), str):
-            raise FieldError("prompt", '"prompt" is required and must be a string.')
-        _characters(len(doc["prompt"]), "prompt")
+        prompts = prompt_list(doc.get("prompt"))
+        _characters(sum(len(p) for p in prompts), "prompt")
         doc.pop("messages", None)
         for key in ("tools", "tool_choice", "parallel_tool_calls"):
             if key in doc:
@@ -215,8 +241,16 @@ def parse(kind: str, body: bytes) -> OpenAIRequest:
                              f"{MAX_COMPLETION_LOGPROBS}: how many likeliest tokens to show "
                              "beside each chosen one.")
         doc.pop("top_logprobs", None)  # a chat field; not OpenAI's on completions
-    if doc.get("n", 1) != 1:
-        raise FieldError("n", 'Only "n": 1 is served: one choice per request.')
+    n = doc.get("n", 1)
+    if not _integer_in(n, 1, MAX_N):
+        raise FieldError("n", f'"n" must be an integer from 1 to {MAX_N}: the choices of each '
+                         "prompt.")
+    many = len(prompt_list(doc["prompt"])) if kind == "completion" else 1
+    if many * n > MAX_CHOICES:
+        raise FieldError("n" if many == 1 else "prompt",
+                         f"{many} prompts x n {n} is {many * n} choices; at most "
+                         f"{MAX_CHOICES} are served in one request.")
+    request.n = n
     _number(doc, "temperature", 0.0, 2.0)
     _number(doc, "top_p", 0.0, 1.0)
     if doc.get("top_p") == 0:  # no token is left to sample from: vLLM refuses it too
@@ -478,6 +512,30 @@ def _response_format(doc: dict[str, Any]) -> None:
                          "invalid_type")
     _characters(_length(out), "response_format")
     doc["response_format"] = {"type": kind, "json_schema": out}
+
+
+def prompt_list(prompt: Any) -> list[str | list[int]]:
+    """A completion's ``prompt`` as a list of prompts, each a string or a list of token ids:
+    as OpenAI takes it, a string, a list of strings, a list of token ids, or a list of such
+    lists.
+
+    :raises FieldError: anything else.
+    """
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(_token_id(t) for t in prompt):
+            return [prompt]
+        if all(isinstance(p, list) and p and all(_token_id(t) for t in p) for p in prompt):
+            return list(prompt)
+    raise FieldError("prompt", '"prompt" is required: a string, a list of strings, a list of '
+                     "token ids, or a list of lists of token ids (none empty).")
+
+
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31
 
 
 def _completion_only(doc: dict[str, Any]) -> None:

@@ -197,8 +197,8 @@ def test_openai_errors_have_openais_shape(client) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
     assert missing.value.body["code"] == "ModelNotFoundException"
-    with pytest.raises(openai.BadRequestError, match='"n": 1'):
-        chat(client, "hi", n=2)
+    with pytest.raises(openai.BadRequestError, match='"n" must be an integer from 1 to 8'):
+        chat(client, "hi", n=9)
     with pytest.raises(openai.BadRequestError, match="temperature"):
         chat(client, "hi", temperature=5)
     with pytest.raises(openai.BadRequestError, match="context"):

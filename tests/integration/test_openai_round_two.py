@@ -104,6 +104,87 @@ def test_completions_refuse_what_they_cannot_serve_by_name(client) -> None:
         assert error["param"] == field
 
 
+# -- item 1: n, and a list of prompts: one choice each ---------------------------------------
+
+def streamed_texts(chunks) -> tuple[dict[int, str], list]:
+    """Each choice's text of a stream, by index, and its usage chunks."""
+    texts: dict[int, str] = {}
+    usages = []
+    for chunk in chunks:
+        if chunk.usage is not None:
+            usages.append(chunk.usage)
+        for choice in chunk.choices:
+            piece = getattr(choice, "text", None)
+            if piece is None:
+                piece = choice.delta.content or ""
+            texts[choice.index] = texts.get(choice.index, "") + piece
+    return texts, usages
+
+
+def test_n_choices_each_sample_with_the_seed_plus_their_index(client) -> None:
+    settings = {"max_tokens": 8, "temperature": 1.0}
+    three = client.chat.completions.create(model="smollm2", messages=HELLO, n=3, seed=11,
+                                           **settings)
+    alone = [client.chat.completions.create(model="smollm2", messages=HELLO, seed=11 + i,
+                                            **settings) for i in range(3)]
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert [c.message.content for c in three.choices] == [
+        a.choices[0].message.content for a in alone]
+    assert three.usage.prompt_tokens == alone[0].usage.prompt_tokens  # the prompt, once
+    assert three.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    streamed = client.chat.completions.create(model="smollm2", messages=HELLO, n=3, seed=11,
+                                              stream=True,
+                                              stream_options={"include_usage": True},
+                                              **settings)
+    texts, usages = streamed_texts(streamed)
+    assert texts == {i: c.message.content for i, c in enumerate(three.choices)}
+    assert len(usages) == 1 and usages[0].total_tokens == three.usage.total_tokens
+
+
+def test_a_list_of_prompts_is_one_choice_each_in_order(client, daemon) -> None:
+    prompts = ["The capital of France is", "One, two, three,"]
+    settings = {"max_tokens": 6, "temperature": 0}
+    both = client.completions.create(model="smollm2", prompt=prompts, **settings)
+    alone = [client.completions.create(model="smollm2", prompt=p, **settings)
+             for p in prompts]
+    assert [(c.index, c.text) for c in both.choices] == [
+        (i, a.choices[0].text) for i, a in enumerate(alone)]
+    assert both.usage.total_tokens == sum(a.usage.total_tokens for a in alone)
+    texts, usages = streamed_texts(client.completions.create(
+        model="smollm2", prompt=prompts, stream=True, **settings))
+    assert texts == {0: alone[0].choices[0].text, 1: alone[1].choices[0].text}
+    assert usages == []  # not asked for
+    # n per prompt: index = prompt's index x n + i
+    four = client.completions.create(model="smollm2", prompt=prompts, n=2, **settings)
+    assert [c.text for c in four.choices] == [alone[0].choices[0].text] * 2 + [
+        alone[1].choices[0].text] * 2
+    # LangChain's completions class: a one-prompt list, its defaults as nulls
+    langchain = post(daemon, "/v1/completions", {
+        "model": "smollm2", "prompt": [prompts[0]], "seed": None, "logprobs": None,
+        "n": 1, "best_of": 1, "echo": False, "max_tokens": 6, "temperature": 0})
+    assert langchain.status_code == 200, langchain.text
+    assert [c["text"] for c in langchain.json()["choices"]] == [alone[0].choices[0].text]
+
+
+def test_a_streamed_list_of_prompts_ends_once_on_the_wire(daemon) -> None:
+    answer = post(daemon, "/v1/completions", {"model": "smollm2", "prompt": ["Hi", "Yo"],
+                                              "n": 2, "max_tokens": 3, "stream": True,
+                                              "stream_options": {"include_usage": True}})
+    events = [e for e in answer.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]" and answer.text.count("[DONE]") == 1
+    usage = [json.loads(e[6:]) for e in events[:-1] if not json.loads(e[6:])["choices"]]
+    assert len(usage) == 1 and usage[0]["usage"]["completion_tokens"] == 4 * 3
+    ids = {json.loads(e[6:])["id"] for e in events[:-1]}
+    assert len(ids) == 1
+
+
+def test_one_failing_choice_fails_the_request(client) -> None:
+    long = "Tell me a story. " * 3000
+    error = refused(lambda: client.completions.create(model="smollm2", prompt=["Hi", long],
+                                                      max_tokens=3))
+    assert error["code"] == "context_length_exceeded"
+
+
 # -- item 2: a prompt past the context -------------------------------------------------------
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

@@ -237,3 +237,30 @@ def test_an_endpoint_refuses_a_model_of_another_kind_naming_it() -> None:
     assert "an embedding model" in wrong_kind("chat", "minilm", "text_embedder", {})
     assert wrong_kind("chat", "mine", "mine.py", {}) is None
     assert wrong_kind("embedding", "minilm", "text_embedder", {}) is None
+
+
+def test_n_and_a_list_of_prompts_make_one_request_per_choice_in_openais_order() -> None:
+    checked = parse("completion", body(model="m", prompt=["a", "b"], n=2, seed=5,
+                                       max_tokens=3))
+    assert [(c.body.get("prompt"), c.body["seed"], c.n) for c in checked.choices()] == [
+        ("a", 5, 1), ("a", 6, 1), ("b", 5, 1), ("b", 6, 1)]
+    ids = parse("completion", body(model="m", prompt=[[1, 2], [3]]))
+    assert [c.body for c in ids.choices()] == [
+        {"kind": "completion", "prompt_token_ids": [1, 2]},
+        {"kind": "completion", "prompt_token_ids": [3]}]
+    assert [c.body for c in parse("completion", body(model="m", prompt=[7, 8])).choices()] \
+        == [{"kind": "completion", "prompt_token_ids": [7, 8]}]
+    one = parse("completion", body(model="m", prompt=["only"]))
+    assert [c.body["prompt"] for c in one.choices()] == ["only"]
+    alone = parse("chat", chat_body(seed=1))
+    assert alone.choices() == [alone]
+    chats = parse("chat", chat_body(n=3)).choices()
+    assert len(chats) == 3 and all("seed" not in c.body for c in chats)
+
+
+def test_n_and_prompts_are_bounded() -> None:
+    assert refused("chat", chat_body(n=9)).param == "n"
+    assert refused("chat", chat_body(n=0)).param == "n"
+    assert refused("completion", body(model="m", prompt=["x"] * 9, n=8)).param == "prompt"
+    for bad in ([], [[]], ["a", 1], [[1, -2]], [True], 5):
+        assert refused("completion", body(model="m", prompt=bad)).param == "prompt", bad

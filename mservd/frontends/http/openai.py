@@ -7,8 +7,10 @@
 (``GET /v1/models[/{id}]`` is shared with KServe V1: ``kserve_v1.py`` answers both.) The model
 is named in the body, so the body is read and its fields checked here
 (``mservd/openai_request.py``); what the worker needs of it travels to the model's worker, whose
-OpenAI codec (``mservd/worker/codecs/openai.py``) makes the rows and the answer: server-sent events ending ``data: [DONE]`` when ``stream`` is true. Errors are
-OpenAI's ``{"error": {"message", "type", "param", "code"}}``; overload is 503 with
+OpenAI codec (``mservd/worker/codecs/openai.py``) makes the rows and the answer: server-sent
+events ending ``data: [DONE]`` when ``stream`` is true. A request of several choices (``n``, a
+list of prompts) is one request to the worker per choice, merged here
+(``openai_choices.py``). Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``; overload is 503 with
 ``Retry-After``; the bearer token is checked as for every prediction. ``routes.py`` declares
 the routes.
 """
@@ -22,6 +24,7 @@ from mservd import protocol
 from mservd.errors import MservdError, ResourceNotFound
 from mservd.frontends.bridge import client_network
 from mservd.frontends.http.gateway import Gateway
+from mservd.frontends.http.openai_choices import fan_out
 from mservd.frontends.http.request import (
     OPENAI,
     Answer,
@@ -30,7 +33,7 @@ from mservd.frontends.http.request import (
     forwarded_headers,
 )
 from mservd.frontends.http.router import Params
-from mservd.openai_request import FieldError, parse
+from mservd.openai_request import FieldError, OpenAIRequest, parse
 
 
 async def chat_completions(gateway: Gateway, request: HttpRequest,
@@ -48,19 +51,50 @@ async def embeddings(gateway: Gateway, request: HttpRequest,
     return await _generation(gateway, request, "embedding")
 
 
+class _Choices(Exception):
+    """The request has several choices: each is forwarded on its own (``openai_choices``)."""
+
+    def __init__(self, checked: OpenAIRequest, choices: list[OpenAIRequest]) -> None:
+        super().__init__()
+        self.checked, self.choices = checked, choices
+
+
 async def _generation(gateway: Gateway, request: HttpRequest, kind: str) -> Answer:
     def frames(rid: bytes, body: bytes) -> list[bytes]:
         checked = parse(kind, body)
-        return protocol.prediction(rid, checked.model, None, gateway.token(request),
-                                   protocol.CODEC_OPENAI, [(kind, "application/json")],
-                                   forwarded_headers(request.headers), [checked.payload()],
-                                   timeout_ms=request.timeout_ms(),
-                                   client=client_network(request.client))
+        choices = checked.choices()
+        if len(choices) > 1:
+            raise _Choices(checked, choices)
+        return _prediction(gateway, request, kind, rid, choices[0])
 
     try:
-        answer = await gateway.forward(request, frames, stream=True, shape=OPENAI, door=False)
+        return _answer(await gateway.forward(request, frames, stream=True, shape=OPENAI,
+                                             door=False), kind)
     except FieldError as exc:
         return field_refused(exc)
+    except _Choices as several:
+        async def forward(again: HttpRequest, choice: OpenAIRequest) -> Answer:
+            def one(rid: bytes, body: bytes) -> list[bytes]:
+                return _prediction(gateway, again, kind, rid, choice)
+
+            return _answer(await gateway.forward(again, one, stream=True, shape=OPENAI,
+                                                 door=False), kind)
+
+        return await fan_out(request, several.choices, several.checked.n, forward)
+
+
+def _prediction(gateway: Gateway, request: HttpRequest, kind: str, rid: bytes,
+                checked: OpenAIRequest) -> list[bytes]:
+    return protocol.prediction(rid, checked.model, None, gateway.token(request),
+                               protocol.CODEC_OPENAI, [(kind, "application/json")],
+                               forwarded_headers(request.headers), [checked.payload()],
+                               timeout_ms=request.timeout_ms(),
+                               client=client_network(request.client))
+
+
+def _answer(answer: Answer, kind: str) -> Answer:
+    """The worker's answer as the client gets it: a context overflow with OpenAI's code, a
+    stream's every part an event."""
     if answer.status == 400 and answer.stream is None:
         answer.body = context_exceeded(answer.body, "messages" if kind == "chat" else "prompt")
     return as_events(answer, OPENAI)
