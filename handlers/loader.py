@@ -40,6 +40,7 @@ BUILTIN_HANDLERS = {
     "object_detector": "handlers.object_detector:ObjectDetector",
     "text_classifier": "handlers.text_classifier:TextClassifier",
     "text_embedder": "handlers.text_embedder:TextEmbedder",
+    "text_reranker": "handlers.text_reranker:TextReranker",
 }
 
 

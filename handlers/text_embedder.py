@@ -55,13 +55,8 @@ class Embedding(list):
 
 class TextEmbedder(BaseHandler):
     def initialize(self, context: Any) -> None:
-        properties = context.system_properties
-        model_dir = properties.get("model_dir")
-        gpu_id = properties.get("gpu_id")
-        if torch.cuda.is_available() and gpu_id is not None:
-            self.device = torch.device(f"cuda:{gpu_id}")
-        else:
-            self.device = torch.device("cpu")
+        model_dir = context.system_properties.get("model_dir")
+        self.device = device_for(context)
         handler_config = (getattr(context, "model_yaml_config", None) or {}).get("handler") or {}
         found = _sentence_transformers_settings(model_dir)
         self.max_length = int(handler_config.get("max_length", found["max_length"]))
@@ -69,12 +64,7 @@ class TextEmbedder(BaseHandler):
         if self.pooling not in ("mean", "cls"):
             raise ValueError(f"handler.pooling must be 'mean' or 'cls', got {self.pooling!r}")
         self.normalize = bool(handler_config.get("normalize", found["normalize"]))
-        self.max_batch_tokens = int(handler_config.get("max_batch_tokens",
-                                                       DEFAULT_MAX_BATCH_TOKENS))
-        if self.max_batch_tokens < self.max_length:
-            raise ValueError(f"handler.max_batch_tokens ({self.max_batch_tokens}) must be at "
-                             f"least handler.max_length ({self.max_length}): one text must fit "
-                             "in a pass.")
+        self.max_batch_tokens = max_batch_tokens(handler_config, self.max_length)
         # A progress bar per worker start is noise in the worker log.
         transformers_logging.disable_progress_bar()
         self.context = context
@@ -136,6 +126,26 @@ class TextEmbedder(BaseHandler):
         vector = Embedding(row)
         vector.prompt_tokens = tokens
         return vector
+
+
+def device_for(context: Any) -> torch.device:
+    """The worker's GPU (``gpu_id``) when there is one, else the CPU."""
+    gpu_id = context.system_properties.get("gpu_id")
+    if torch.cuda.is_available() and gpu_id is not None:
+        return torch.device(f"cuda:{gpu_id}")
+    return torch.device("cpu")
+
+
+def max_batch_tokens(handler_config: dict[str, Any], max_length: int) -> int:
+    """model-config.yaml ``handler.max_batch_tokens``: the padded tokens of one pass.
+
+    :raises ValueError: fewer than ``max_length``, so that one input would not fit a pass.
+    """
+    tokens = int(handler_config.get("max_batch_tokens", DEFAULT_MAX_BATCH_TOKENS))
+    if tokens < max_length:
+        raise ValueError(f"handler.max_batch_tokens ({tokens}) must be at least "
+                         f"handler.max_length ({max_length}): one input must fit in a pass.")
+    return tokens
 
 
 def passes(lengths: list[int], max_tokens: int) -> list[list[int]]:

@@ -31,6 +31,7 @@ from typing import Any
 from mservd.errors import BadRequest
 
 KINDS = ("chat", "completion", "embedding")  # the input name a request is forwarded with
+RERANK = "rerank"  # a rerank request's kind and input name (its own codec: codecs/rerank.py)
 MAX_STOPS = 4
 # Ceilings on what a prompt may be before any worker templates or tokenises it: past any
 # context mservd serves (a model's own, lower bounds are its handler's, checked in the worker)
@@ -180,16 +181,7 @@ def parse(kind: str, body: bytes) -> OpenAIRequest:
     :raises FieldError: a field is missing, of the wrong type, out of range, or not served.
     :raises BadRequest: the body is no JSON object.
     """
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise BadRequest(f"The body is not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("The body must be a JSON object.")
-    doc = {key: value for key, value in doc.items() if value is not None}  # null: absent
-    if not isinstance(doc.get("model"), str) or not doc["model"]:
-        raise FieldError("model", '"model" is required: the name of a registered model.',
-                         "missing_required_parameter")
+    doc = _document(body)
     _boolean(doc, "stream")
     options = doc.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -276,6 +268,24 @@ def parse(kind: str, body: bytes) -> OpenAIRequest:
     doc["kind"] = kind
     request.body = {k: doc[k] for k in GENERATION_FIELDS if k in doc}
     return request
+
+
+def _document(body: bytes) -> dict[str, Any]:
+    """The body's JSON object, its nulls dropped (a null is the field absent), and its model.
+
+    :raises BadRequest: no JSON object. :raises FieldError: no model named.
+    """
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"The body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("The body must be a JSON object.")
+    doc = {key: value for key, value in doc.items() if value is not None}
+    if not isinstance(doc.get("model"), str) or not doc["model"]:
+        raise FieldError("model", '"model" is required: the name of a registered model.',
+                         "missing_required_parameter")
+    return doc
 
 
 # -- chat -----------------------------------------------------------------------------------
@@ -569,6 +579,41 @@ def _logit_bias(doc: dict[str, Any]) -> None:
                 or not -100 <= value <= 100:
             raise FieldError("logit_bias", f'"logit_bias"[{key!r}] must be a number from '
                              "-100 to 100.")
+
+
+def parse_rerank(body: bytes) -> OpenAIRequest:
+    """A rerank body, Jina's and Cohere's shape as vLLM serves it: ``{"model", "query",
+    "documents": [str or {"text"}], "top_n", "return_documents"}``; the documents travel as
+    ``texts``, the rest as ``options`` (``top_n`` 0 or absent: every document, as vLLM's;
+    ``return_documents`` true unless false, as Jina's).
+
+    :raises FieldError: a field is missing, of the wrong type or out of range.
+    """
+    doc = _document(body)
+    query = doc.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise FieldError("query", '"query" is required: the text to rank the documents by.',
+                         "missing_required_parameter")
+    documents = doc.get("documents")
+    if not isinstance(documents, list) or not documents:
+        raise FieldError("documents", '"documents" is required: a list of strings or of '
+                         '{"text": "..."}.', "missing_required_parameter")
+    texts = []
+    for i, document in enumerate(documents):
+        if isinstance(document, dict):
+            document = document.get("text")
+        if not isinstance(document, str):
+            raise FieldError(f"documents[{i}]", f'documents[{i}] must be a string or '
+                             '{"text": "..."}.', "invalid_type")
+        texts.append(document)
+    _characters(len(query) * len(texts) + sum(map(len, texts)), "documents")
+    top_n = doc.get("top_n", 0)
+    if not _integer_in(top_n, 0, 1 << 31):
+        raise FieldError("top_n", '"top_n" must be a whole number: how many of the best '
+                         "documents to answer (0: all).")
+    _boolean(doc, "return_documents")
+    return OpenAIRequest(RERANK, doc["model"], texts=texts, options={
+        "query": query, "top_n": top_n, "return_documents": doc.get("return_documents", True)})
 
 
 def _embedding_options(doc: dict[str, Any]) -> dict[str, Any]:

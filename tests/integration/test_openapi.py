@@ -43,7 +43,8 @@ V2_ROUTES = {
       for rest in ("infer", "generate", "generate_stream")),
 }
 OPENAI_ROUTES = {("post", f"{prefix}/v1/{endpoint}") for prefix in ("", "/openai")
-                 for endpoint in ("chat/completions", "completions", "embeddings")}
+                 for endpoint in ("chat/completions", "completions", "embeddings")} | {
+    ("post", path) for path in ("/v1/rerank", "/v2/rerank", "/rerank")}
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,20 @@ def test_an_encoder_gets_the_text_embedder(tmp_path, architectures) -> None:
     assert read(make_folder(tmp_path / "e", architectures), "emb").handler == "text_embedder"
 
 
+def test_a_one_label_sequence_classifier_gets_the_text_reranker(tmp_path) -> None:
+    path = make_folder(tmp_path / "r", ["BertForSequenceClassification"])
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "id2label": {"0": "LABEL_0"}}))
+    folder = read(path)
+    assert folder.handler == "text_reranker" and folder.model_yaml["batchSize"] == 8
+
+
+def test_a_classifier_of_several_labels_is_no_reranker(tmp_path) -> None:
+    path = make_folder(tmp_path / "c", ["BertForSequenceClassification"])
+    with pytest.raises(FolderError, match="with 2 labels.*one label"):
+        read(path)
+
+
 def test_the_folders_model_config_yaml_overrides_the_defaults(tmp_path) -> None:
     path = make_folder(tmp_path / "m", ["LlamaForCausalLM"])
     (path / "model-config.yaml").write_text("batchSize: 4\nhandler:\n  max_new_tokens: 9\n")

@@ -30,6 +30,7 @@ from mservd.frontends.http import (
     management,
     metrics,
     openai,
+    rerank,
     v2,
 )
 from mservd.frontends.http.dashboard import DashboardRoutes
@@ -361,6 +362,27 @@ _OPENAI = [
         body={"required": True, "content": {"application/json": {
             "schema": {"$ref": "#/components/schemas/EmbeddingRequest"}}}}), strip_slash=True),
 ]
+# Jina's and Cohere's rerank, as vLLM serves it (at /v1/rerank, /v2/rerank and /rerank)
+_RERANK_BODY = {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["model", "query", "documents"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1},
+        "query": {"type": "string", "minLength": 1},
+        "documents": {"type": "array", "minItems": 1, "items": {"oneOf": [
+            {"type": "string"},
+            {"type": "object", "required": ["text"],
+             "properties": {"text": {"type": "string"}}}]}},
+        "top_n": {"type": "integer", "minimum": 0},
+        "return_documents": {"type": "boolean"}}}}}}
+_RERANK = [
+    Route("POST", path, rerank.rerank, Operation(
+        f"rerank{suffix}", "The documents ranked by a cross-encoder's relevance to the query.",
+        {"200": json_answer("The results, best first.", {
+            "type": "object", "required": ["id", "model", "results", "usage"],
+            "properties": {"results": {"type": "array", "items": {
+                "type": "object", "required": ["index", "relevance_score"]}}}}),
+         **_OPENAI_ERRORS}, body=_RERANK_BODY), strip_slash=True)
+    for path, suffix in (("/v1/rerank", "V1"), ("/v2/rerank", "V2"), ("/rerank", ""))]
 # also under /openai, as KServe serves OpenAI's API
 _OPENAI_UNDER_OPENAI = [
     replace(route, path="/openai" + route.path, operation=replace(
@@ -372,7 +394,7 @@ _OPENAI_UNDER_OPENAI = [
 
 INFERENCE = Router(
     [*_TORCHSERVE, *_KSERVE_V1, *_V2, *_OPENAI, *_OPENAI_UNDER_OPENAI,
-     *_KSERVE_V1_UNDER_OPENAI],
+     *_KSERVE_V1_UNDER_OPENAI, *_RERANK],
     inference.not_found,
     # a path no route takes, by the protocol its prefix names (the first that matches)
     [(("/predictions/", "/explanations/"), inference.prediction_miss),
@@ -389,7 +411,8 @@ def inference_api() -> dict[str, Any]:
         "models, and health. Errors are {code, type, message}; KServe's V1 routes "
         "(/v1/models...) answer errors as {error}. The Open Inference Protocol v2 routes "
         "(/v2/...) answer errors as {error}; OpenAI's (/v1/chat/completions, /v1/completions, "
-        "/v1/embeddings, also under /openai) as {error: {message, type, param, code}}.",
+        "/v1/embeddings, also under /openai) and the rerank routes (/v1/rerank, /v2/rerank, "
+        "/rerank) as {error: {message, type, param, code}}.",
         INFERENCE.routes, {**HEALTH_SCHEMAS, **V2_SCHEMAS, **OPENAI_SCHEMAS})
 
 

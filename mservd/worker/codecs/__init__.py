@@ -9,8 +9,8 @@ one answer, in the protocol's own shape, errors included::
     head, body = codec.error(status, type, message)
 
 A TorchServe, v2 or OpenAI generation request is one row; a KServe V1 request is one row per
-instance, an OpenAI embeddings request one per input. A streamed part is encoded by
-``codec.encode_part`` (None: nothing to send now).
+instance, an OpenAI embeddings request one per input, a rerank request one per document. A
+streamed part is encoded by ``codec.encode_part`` (None: nothing to send now).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from mservd import protocol
 from mservd.v2.codec import V2Error
-from mservd.worker.codecs import generate, kserve_v1, openai, torchserve, v2
+from mservd.worker.codecs import generate, kserve_v1, openai, rerank, torchserve, v2
 from mservd.worker.codecs.base import Call, Codec, encode_answer
 from mservd.worker.payload import InputError
 
@@ -32,6 +32,7 @@ CODECS: dict[str, Codec] = {
     protocol.CODEC_V2: v2.CODEC,
     protocol.CODEC_OPENAI: openai.CODEC,
     protocol.CODEC_GENERATE: generate.CODEC,
+    protocol.CODEC_RERANK: rerank.CODEC,
 }
 #: the errors a codec raises for bytes it cannot read: their message is the answer's
 READ_ERRORS = (InputError, kserve_v1.V1Error, V2Error, openai.OpenAIError,

@@ -48,16 +48,24 @@ def decode(checked: OpenAIRequest, context: Any) -> Call:
     refused = refusal(checked.kind, checked.model, context)
     if refused:
         raise OpenAIError(refused)
-    cap = max(context.system_properties.get("batch_size") or 1, MIN_INSTANCES_CAP)
-    if len(checked.texts) > cap:  # each text is a row of the handler's batch
-        raise OpenAIError(f'"input" has {len(checked.texts)} texts; a request may carry '
-                          f"at most {cap} (the model's batch size, or "
-                          f"{MIN_INSTANCES_CAP} if that is smaller). Split it into "
-                          "several requests.")
+    check_rows(len(checked.texts), '"input" has {} texts', context)
     options = checked.options
     state = Embeddings(checked.model, options.get("encoding_format", "float"),
                        options.get("dimensions"))
     return Call([{"body": text} for text in checked.texts], state=state)
+
+
+def check_rows(count: int, what: str, context: Any) -> None:
+    """Refuse a request of more rows (texts, documents: ``what`` says, with ``{}`` for the
+    count) than a batch takes: the model's batch size, or the KServe V1 cap if larger.
+
+    :raises OpenAIError: too many.
+    """
+    cap = max(context.system_properties.get("batch_size") or 1, MIN_INSTANCES_CAP)
+    if count > cap:  # each is a row of the handler's batch
+        raise OpenAIError(f"{what.format(count)}; a request may carry at most {cap} (the "
+                          f"model's batch size, or {MIN_INSTANCES_CAP} if that is smaller). "
+                          "Split it into several requests.")
 
 
 def refusal(endpoint: str, model: str, context: Any) -> str | None:
