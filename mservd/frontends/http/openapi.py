@@ -204,12 +204,27 @@ _GENERATION_FIELDS: dict[str, Any] = {
     "seed": {"type": "integer"},
     "stop": {"oneOf": [{"type": "string"},
                        {"type": "array", "maxItems": 4, "items": {"type": "string"}}]},
-    "n": {"type": "integer", "enum": [1]},
+    "n": {"type": "integer", "minimum": 1, "maximum": 8,
+          "description": "Choices of each prompt; at most 64 choices a request."},
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object",
                        "properties": {"include_usage": {"type": "boolean"}}},
     "ignore_eos": {"type": "boolean", "description": "Generate max_tokens, past EOS."},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "logit_bias": {"type": "object", "maxProperties": 300,
+                   "additionalProperties": {"type": "number", "minimum": -100,
+                                            "maximum": 100}},
+    "response_format": {"type": "object", "required": ["type"], "properties": {
+        "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+        "json_schema": {"type": "object", "required": ["name", "schema"], "properties": {
+            "name": {"type": "string"}, "schema": {"type": "object"},
+            "strict": {"type": "boolean"}}}}},
 }
+_TEXT_PARTS = {"type": "array", "minItems": 1, "items": {
+    "type": "object", "required": ["type", "text"],
+    "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}}
+_TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
 
 OPENAI_SCHEMAS: dict[str, Any] = {
     "OpenAIError": {"type": "object", "required": ["error"], "properties": {"error": {
@@ -221,14 +236,29 @@ OPENAI_SCHEMAS: dict[str, Any] = {
                               "properties": {**_GENERATION_FIELDS, "messages": {
                                   "type": "array", "minItems": 1, "items": {
                                       "type": "object", "required": ["role", "content"],
-                                      "properties": {"role": {"type": "string"},
-                                                     "content": {"type": "string"}}}}}},
+                                      "properties": {
+                                          "role": {"type": "string", "enum": [
+                                              "system", "developer", "user", "assistant",
+                                              "tool"]},
+                                          "content": {"oneOf": [{"type": "string"},
+                                                                _TEXT_PARTS]},
+                                          "name": {"type": "string"}}}},
+                                  "logprobs": {"type": "boolean"},
+                                  "top_logprobs": {"type": "integer", "minimum": 0,
+                                                   "maximum": 20}}},
     "CompletionRequest": {"type": "object", "required": ["model", "prompt"],
-                          "properties": {**_GENERATION_FIELDS, "prompt": {"type": "string"}}},
+                          "properties": {**_GENERATION_FIELDS, "prompt": {"oneOf": [
+                              {"type": "string"},
+                              {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                              _TOKEN_IDS,
+                              {"type": "array", "minItems": 1, "items": _TOKEN_IDS}]},
+                              "logprobs": {"type": "integer", "minimum": 0, "maximum": 5}}},
     "EmbeddingRequest": {"type": "object", "required": ["model", "input"], "properties": {
         "model": {"type": "string", "minLength": 1},
         "input": {"oneOf": [{"type": "string"},
-                            {"type": "array", "items": {"type": "string"}}]}}},
+                            {"type": "array", "items": {"type": "string"}}]},
+        "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+        "dimensions": {"type": "integer", "minimum": 1}}},
     "GenerateRequest": {"type": "object", "required": ["text_input"], "properties": {
         "text_input": {"type": "string"},
         "parameters": {"type": "object", "properties": {

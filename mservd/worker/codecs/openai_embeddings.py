@@ -90,6 +90,8 @@ def encode(state: Embeddings, outputs: list[Any]) -> bytes:
             vector = vector.get("embedding", vector)
         if hasattr(vector, "tolist"):
             vector = vector.tolist()
+        if state.dimensions is not None or state.encoding_format == "base64":
+            vector = numbers(vector, state.model)
         if state.dimensions is not None:
             vector = shortened(vector, state.dimensions)
         embedding: Any = vector
@@ -98,6 +100,20 @@ def encode(state: Embeddings, outputs: list[Any]) -> bytes:
         data.append({"object": "embedding", "index": index, "embedding": embedding})
     return json.dumps({"object": "list", "data": data, "model": state.model,
                        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}).encode()
+
+
+def numbers(vector: Any, model: str) -> list[float]:
+    """A handler's vector as floats, to shorten or pack.
+
+    :raises EmbeddingRefused: it is no list of numbers (a handler of the user's own that does
+        not embed).
+    """
+    if isinstance(vector, list) and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in vector):
+        return vector
+    raise EmbeddingRefused(f"Model {model!r} answered {type(vector).__name__}, not a vector "
+                           'of numbers: "dimensions" and "encoding_format": "base64" need an '
+                           "embedding model.")
 
 
 def shortened(vector: list[float], dimensions: int) -> list[float]:
