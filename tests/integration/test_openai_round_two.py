@@ -199,6 +199,30 @@ def test_a_streamed_list_of_prompts_ends_once_on_the_wire(daemon) -> None:
     assert len(ids) == 1
 
 
+def test_a_client_that_leaves_a_stream_of_choices_frees_every_choices_slot(daemon) -> None:
+    """With two slots, a second request of two choices runs only if both of the first's were
+    freed: they would otherwise generate thousands of tokens each (EOS ignored)."""
+    added = daemon.manage("POST", "/models?url=smollm2.mar&model_name=twolanes&batch_size=2"
+                                  "&initial_workers=1&synchronous=true")
+    assert added.status_code == 200, added.text
+    long = {"model": "twolanes", "prompt": "Once upon a time", "max_tokens": 4000, "n": 2,
+            "ignore_eos": True, "stream": True}
+    with requests.post(daemon.url("inference", "/v1/completions"), json=long, stream=True,
+                       headers=daemon._headers("inference", None), timeout=60) as first:
+        seen = set()
+        for line in first.iter_lines():
+            if line.startswith(b"data: {"):
+                seen |= {c["index"] for c in json.loads(line[6:])["choices"]}
+            if seen == {0, 1}:
+                break
+    second = requests.post(daemon.url("inference", "/v1/completions"), timeout=60,
+                           headers=daemon._headers("inference", None),
+                           json={"model": "twolanes", "prompt": "Hello", "max_tokens": 3,
+                                 "n": 2})
+    assert second.status_code == 200, second.text
+    assert second.json()["usage"]["completion_tokens"] == 6
+
+
 def test_one_failing_choice_fails_the_request(client) -> None:
     long = "Tell me a story. " * 3000
     error = refused(lambda: client.completions.create(model="smollm2", prompt=["Hi", long],
