@@ -187,6 +187,27 @@ def test_a_list_of_prompts_is_one_choice_each_in_order(client, daemon) -> None:
     assert [c["text"] for c in langchain.json()["choices"]] == [alone[0].choices[0].text]
 
 
+@pytest.mark.xfail(reason="handlers/causal_lm.py does not read body.prompt_token_ids yet: "
+                          "asked of the generation handler's owner", raises=openai.BadRequestError)
+def test_token_id_prompts_answer_as_their_text_does(client, store, tmp_path) -> None:
+    import zipfile
+
+    from transformers import AutoTokenizer
+
+    with zipfile.ZipFile(store / "smollm2.mar") as archive:
+        archive.extractall(tmp_path, members=[n for n in archive.namelist()
+                                              if n.startswith("tokenizer")])
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    prompts = ["The capital of France is", "One, two, three,"]
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    settings = {"max_tokens": 5, "temperature": 0}
+    as_text = client.completions.create(model="smollm2", prompt=prompts, **settings)
+    as_ids = client.completions.create(model="smollm2", prompt=ids, **settings)
+    assert [c.text for c in as_ids.choices] == [c.text for c in as_text.choices]
+    one = client.completions.create(model="smollm2", prompt=ids[0], **settings)
+    assert one.choices[0].text == as_text.choices[0].text
+
+
 def test_a_streamed_list_of_prompts_ends_once_on_the_wire(daemon) -> None:
     answer = post(daemon, "/v1/completions", {"model": "smollm2", "prompt": ["Hi", "Yo"],
                                               "n": 2, "max_tokens": 3, "stream": True,
