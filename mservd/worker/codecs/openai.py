@@ -6,8 +6,11 @@ The frontend checks the body's fields and forwards what the worker needs of them
 chat or completion request is one row ``{"body": {...}}`` for a generation handler
 (``handlers/causal_lm.py``), which answers each step with a text delta; a streamed request gets
 each delta as a server-sent event and ``data: [DONE]`` at the end, any other gets one answer
-with the whole text. An embedding request is one row per input text, decoded and answered by
-``openai_embeddings.py``. A request to a model of the wrong kind (an embedding to a generation
+with the whole text. A delta may carry its tokens' ``logprobs`` (chat's shape, with
+``text_offset``: ``handlers/logprobs.py``), written here in the shape of the request's
+endpoint (chat: ``{content: [{token, logprob, bytes, top_logprobs}]}``; completions:
+``{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}``). An embedding request is one row per input
+text, decoded and answered by ``openai_embeddings.py``. A request to a model of the wrong kind (an embedding to a generation
 model, a chat to an embedding model) is refused with 400 before it reaches the handler. Errors
 are OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -15,6 +18,7 @@ are OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -42,13 +46,26 @@ class Exchange:
     include_usage: bool
     id: str
     created: int
+    logprobs: bool = False  # asked for (chat: logprobs true; completions: logprobs 0 to 5)
     text: list[str] = field(default_factory=list)  # the deltas so far, for a whole answer
+    entries: list[dict[str, Any]] = field(default_factory=list)  # their logprobs, likewise
     started: bool = False  # a streamed chat has sent its first event (the role)
+
+    def gather(self, item: Any) -> None:
+        """Keep a delta for the whole answer: its text and logprobs."""
+        self.text.append(str(item))
+        self.entries += getattr(item, "logprobs", None) or []
+
+
+# a handler's refusal that begins with the field it refuses, quoted: '"logit_bias" names...'
+_FIELD = re.compile(r'"([a-z_]+(?:\.[a-z_]+)*)"')
 
 
 def error_body(status: int, type_: str, message: str) -> bytes:
     kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
-    return json.dumps({"error": {"message": message, "type": kind, "param": None,
+    named = _FIELD.match(message) if 400 <= status < 500 else None
+    return json.dumps({"error": {"message": message, "type": kind,
+                                 "param": named.group(1) if named else None,
                                  "code": type_}}).encode()
 
 
@@ -70,21 +87,22 @@ class OpenAICodec:
         refused = openai_embeddings.refusal(kind, checked.model, context)
         if refused:
             raise OpenAIError(refused)
+        logprobs = checked.body.get("logprobs")
         exchange = Exchange(kind, checked.model, checked.stream, checked.include_usage,
                             ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex,
-                            int(time.time()))
+                            int(time.time()),
+                            logprobs is True if kind == "chat" else logprobs is not None)
         return Call([{"body": checked.body}], state=exchange)
 
     def encode_part(self, call: Call, item: Any, context: Any,
                     limit: int) -> tuple[bytes, bytes] | None:
         exchange: Exchange = call.state
-        text = str(item)
         if not exchange.stream:
-            exchange.text.append(text)
+            exchange.gather(item)
             return None
-        if not text:  # nothing yet: the answer, whose status may yet be an error, waits
-            return None
-        body = event(self._chunk(exchange, text, None))
+        if not str(item):
+            return None  # nothing yet: the answer, whose status may yet be an error, waits
+        body = event(self._chunk(exchange, item, None))
         exchange.started = True
         return protocol.head(200, SSE, SSE_HEADERS), body
 
@@ -102,15 +120,15 @@ class OpenAICodec:
             reason = getattr(item, "finish_reason", None) or "stop"
             usage = usage_of(item)
             if exchange.stream:
-                body = event(self._chunk(exchange, str(item), reason))
+                body = event(self._chunk(exchange, item, reason))
                 if exchange.include_usage:
                     body += event({**self._envelope(exchange), "choices": [], "usage": usage})
                 body += b"data: [DONE]\n\n"
                 content_type, headers = SSE, SSE_HEADERS
             else:
-                text = "".join(exchange.text) + str(item)
+                exchange.gather(item)
                 body = json.dumps({**self._envelope(exchange, stream=False),
-                                   "choices": [self._choice(exchange, text, reason)],
+                                   "choices": [self._choice(exchange, reason)],
                                    "usage": usage}).encode()
                 content_type, headers = protocol.JSON, None
         if len(body) > limit:
@@ -131,25 +149,48 @@ class OpenAICodec:
         return {"id": exchange.id, "object": kind, "created": exchange.created,
                 "model": exchange.model}
 
-    def _chunk(self, exchange: Exchange, text: str, reason: str | None) -> dict[str, Any]:
+    def _chunk(self, exchange: Exchange, item: Any, reason: str | None) -> dict[str, Any]:
+        text = str(item)
+        logprobs = logprobs_of(exchange, getattr(item, "logprobs", None) or [])
         if exchange.kind == "chat":
             delta: dict[str, Any] = {"content": text}
             if not exchange.started:
                 delta = {"role": "assistant", **delta}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
         doc = {**self._envelope(exchange), "choices": [choice]}
         if exchange.include_usage:
             doc["usage"] = None
         return doc
 
     @staticmethod
-    def _choice(exchange: Exchange, text: str, reason: str) -> dict[str, Any]:
+    def _choice(exchange: Exchange, reason: str) -> dict[str, Any]:
+        text = "".join(exchange.text)
+        logprobs = logprobs_of(exchange, exchange.entries)
         if exchange.kind == "chat":
-            return {"index": 0, "message": {"role": "assistant", "content": text},
-                    "logprobs": None, "finish_reason": reason}
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            return {"index": 0, "message": message, "logprobs": logprobs,
+                    "finish_reason": reason}
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
+
+
+def logprobs_of(exchange: Exchange, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The logprobs of a delta's tokens (or a whole answer's) in the endpoint's shape; None
+    when the request did not ask for them."""
+    if not exchange.logprobs:
+        return None
+    if exchange.kind == "chat":
+        return {"content": [{k: v for k, v in e.items() if k != "text_offset"}
+                            for e in entries]}
+    tops = []
+    for e in entries:
+        top = {alt["token"]: alt["logprob"] for alt in e["top_logprobs"]}
+        top.setdefault(e["token"], e["logprob"])  # the token picked is always among them
+        tops.append(top)
+    return {"tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries], "top_logprobs": tops,
+            "text_offset": [e["text_offset"] for e in entries]}
 
 
 def usage_of(item: Any) -> dict[str, int]:
