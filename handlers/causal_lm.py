@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ DEFAULT_MAX_MESSAGES = 1024
 CHARACTERS_PER_TOKEN = 16  # the default character bound, per token of max_prompt_tokens
 READ_WAIT = 0.05  # seconds a step with nothing to decode waits for a request being read
 MAX_STOPS = 16
+REPORT_INTERVAL = 0.5  # seconds between two reports of the KV cache's use, for /metrics
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MAX_ROLE_CHARACTERS = 64
 MAX_STOP_CHARACTERS = 256  # each stop string's: every token is matched against them
@@ -166,6 +168,7 @@ class CausalLM:
         context.cache = {}
         self.sequences: dict[str, CausalLM.Sequence] = {}  # in the engine, not finished
         self.generated = 0  # tokens generated in the current step
+        self.reported = 0.0  # when the KV cache's use was last reported
 
     # -- one step ------------------------------------------------------------------------
 
@@ -220,11 +223,29 @@ class CausalLM:
                 outputs[rid] = (self.Pending() if rid in self.reading
                                 else self.failed.get(rid) or self.TextDelta.make("", cache[rid]))
         context.stopping_criteria = [self.stopper(rid, cache, self.reading) for rid in ids]
-        if self.generated:  # the tokens of this step, for /metrics: TorchServe's metrics API,
-            # which adds the ModelName dimension itself (its dimensions are Dimension objects)
-            context.metrics.add_counter("GeneratedTokens", self.generated)
-            self.generated = 0
+        self.report(context)
         return [outputs[rid] for rid in ids]
+
+    def report(self, context: Any) -> None:
+        """This step's figures for /metrics, through TorchServe's metrics API (which adds the
+        ModelName dimension itself): tokens generated, prefix tokens the cache gave back, and
+        the KV cache's size and use in tokens (mservd also reads those two per worker)."""
+        metrics = context.metrics
+        if self.generated:
+            metrics.add_counter("GeneratedTokens", self.generated)
+            self.generated = 0
+        now = time.monotonic()
+        if now - self.reported < REPORT_INTERVAL and self.sequences:
+            return  # (the step that ends the last sequence always reports: the cache is free)
+        self.reported = now
+        usage = self.engine.usage()
+        if usage.reused_tokens:
+            metrics.add_counter("PrefixCacheHitTokens", usage.reused_tokens)
+        from ts.metrics.metric_type_enum import MetricTypes  # mservd's, or TorchServe's
+
+        for name, value in (("KVCacheUsedTokens", usage.used_tokens),
+                            ("KVCacheCapacityTokens", usage.capacity_tokens)):
+            metrics.add_metric(name, value, "count", metric_type=MetricTypes.GAUGE)
 
     def admit(self, outputs: dict[str, Any], cache: dict[str, Any]) -> None:
         """Hand the read requests to the engine, in the order they came (it queues those the

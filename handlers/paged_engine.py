@@ -56,6 +56,16 @@ class KVBudget:
         return self.num_blocks * self.page_size
 
 
+@dataclass(frozen=True)
+class CacheUsage:
+    """The KV cache in tokens: what it holds, what running sequences hold of it, and the prompt
+    tokens found in it (prefix reuse) since the last look."""
+
+    capacity_tokens: int
+    used_tokens: int  # blocks held by sequences (a shared block once), in tokens
+    reused_tokens: int
+
+
 @dataclass
 class EngineStep:
     """What one step did: each sequence's new tokens, and the sequences the engine ended."""
@@ -162,6 +172,14 @@ class PagedEngine:
         self.processor.model_runner._sample = self._sample
         self.cache = self.processor.cache
         self.capacity = self.cache.num_blocks * budget.page_size  # tokens
+        self.reused = 0  # prompt tokens found in the cache since the last usage()
+        search = self.cache.search_prefix_match
+
+        def counted_search(request_id: str, prompt_ids: list[int]) -> int:
+            found = search(request_id, prompt_ids)
+            self.reused += found
+            return found
+        self.cache.search_prefix_match = counted_search  # the scheduler's one way to reuse
         self.requests: dict[str, int] = {}  # request id -> the tokens it may take (prompt + new)
         self.seen: dict[str, int] = {}  # request id -> the tokens it was given so far
         logger.info("KV cache: %d bytes a token (%s), %d bytes budget, %d blocks of %d tokens: "
@@ -251,6 +269,15 @@ class PagedEngine:
         """The cache blocks ``rid`` holds now (shared ones included)."""
         return sum(len(allocator.block_table.get(rid, ()))
                    for allocator in self.cache.cache_allocators.values())
+
+    def usage(self) -> CacheUsage:
+        """The cache's size and use in tokens; the reused prompt tokens since the last call.
+        A full block no sequence holds any more is free: it stays cached for prefix reuse
+        only until its room is wanted."""
+        held = max((len({block for blocks in allocator.block_table.values() for block in blocks})
+                    for allocator in self.cache.cache_allocators.values()), default=0)
+        reused, self.reused = self.reused, 0
+        return CacheUsage(self.capacity, held * self.budget.page_size, reused)
 
     def waiting(self) -> list[str]:
         """The sequences queued for room, in order."""

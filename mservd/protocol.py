@@ -139,6 +139,10 @@ STEP_REPORT_INTERVAL = 0.5
 # A worker's METRICS sample of the device memory it holds (the controller keeps it on the
 # worker's handle for describe and the dashboard, not as a handler metric)
 DEVICE_MEMORY = "mservd_worker_device_memory_bytes"
+# A generation handler's figures of its KV cache (handlers/causal_lm.py reports them through
+# TorchServe's metrics API): kept per worker as well, for describe and the usage ratio
+KV_USED, KV_CAPACITY, PREFIX_HITS = "KVCacheUsedTokens", "KVCacheCapacityTokens", \
+    "PrefixCacheHitTokens"
 
 API_INFERENCE = "inference"
 API_MANAGEMENT = "management"

@@ -407,12 +407,7 @@ class Controller:
                 self.perform(self.scheduler.dispatch(worker.mv, now))
                 self.check_waiters(now)
         elif kind == protocol.METRICS:
-            samples = protocol.parse_metrics(frames[2])
-            for sample in samples:
-                if sample.name == protocol.DEVICE_MEMORY:
-                    worker.device_memory = int(sample.value)
-            self.metrics.record_handler_samples(
-                [s for s in samples if s.name != protocol.DEVICE_MEMORY])
+            self.metrics.record_worker_samples(worker, protocol.parse_metrics(frames[2]))
         elif kind == protocol.FAILED:
             failure = protocol.parse_failed(frames[2])
             worker.mv.load_error = f"{failure.message}\n{failure.traceback}".strip()

@@ -23,6 +23,7 @@ from mservd.controller.model_store import ModelStore
 from mservd.controller.registration import Registration, flag
 from mservd.controller.waiter import Waiter
 from mservd.core.advisor import advise
+from mservd.core.metrics import kv_cache_tokens
 from mservd.core.registry import ModelVersion
 from mservd.errors import BadRequest, MethodNotAllowed, ResourceNotFound
 from mservd.protocol import Reply
@@ -191,6 +192,11 @@ class Management:
             "jobQueueStatus": {"remainingCapacity": mv.batcher.remaining_capacity,
                                "pendingRequests": len(mv.batcher)},
         }
+        kv = kv_cache_tokens(mv)
+        if kv is not None:  # a generation handler's KV cache, summed over its live workers
+            out["kvCache"] = {"capacityTokens": kv[1], "usedTokens": kv[0],
+                              "usageRatio": round(kv[0] / kv[1], 4),
+                              "prefixHitTokens": self.ctl.metrics.version(mv.key).prefix_hit_count}
         if mv.settings.sequence_batching:  # TorchServe's stateful model
             out["stateful"] = True
             out["jobQueueStatus"]["openSequences"] = mv.sequences.open_count(time.monotonic())

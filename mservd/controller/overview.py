@@ -49,6 +49,8 @@ def _version(registry: Registry, scheduler: Scheduler, supervisor: Supervisor,
             "id": worker.id, "pid": worker.pid, "memoryBytes": worker.memory_bytes(),
             "status": worker.status,
             "device": worker.device, "deviceMemoryBytes": worker.device_memory,
+            "kvCacheTokens": None if worker.kv_cache is None else {
+                "used": worker.kv_cache[0], "capacity": worker.kv_cache[1]},
             "startedAt": worker.started,
         })
     if supervisor.is_failed(mv):

@@ -24,6 +24,7 @@ from mservd.core.advisor import advise
 
 if TYPE_CHECKING:
     from mservd.core.registry import ModelVersion, Registry
+    from mservd.core.worker_handle import WorkerHandle
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class VersionMetrics:
         "latency",
         "latency_us",
         "leased",
+        "prefix_hit_count",
+        "prefix_hits",
         "queue",
         "queue_us",
         "requests",
@@ -68,6 +71,8 @@ class VersionMetrics:
         self.first_part = m.first_part.labels(name, version)
         self.between_parts = m.between_parts.labels(name, version)
         self.leased = m.leased.labels(name, version)
+        self.prefix_hits = m.prefix_hits.labels(name, version)
+        self.prefix_hit_count = 0  # the same, for describe
         self.answers: dict[int, int] = {}  # answers by HTTP status (the dashboard's errors)
         self.restart_count = 0
 
@@ -122,6 +127,13 @@ class Metrics:
         self.between_parts = Histogram("mservd_inter_token_latency_seconds", "Time between "
                                        "consecutive parts of a streamed answer (tokens).",
                                        MODEL, buckets=LATENCY_BUCKETS, registry=r)
+        # a generation handler's KV cache (handlers/causal_lm.py), summed over the workers
+        self.kv_usage = Gauge("mservd_kv_cache_usage_ratio", "The share of a model's KV cache "
+                              "(all its workers) that running sequences hold.", MODEL,
+                              registry=r)
+        self.prefix_hits = Counter("mservd_prefix_cache_hit_tokens", "Prompt tokens found in "
+                                   "the KV cache (prefix reuse) instead of computed again.",
+                                   MODEL, registry=r)
         self.running = Gauge("mservd_running_requests", "Requests a model's workers are "
                              "running now (sequences, with continuous batching).", MODEL,
                              registry=r)
@@ -199,6 +211,27 @@ class Metrics:
                     doc["sum"] = sample.value
         return out
 
+    def record_worker_samples(self, worker: WorkerHandle,
+                              samples: list[protocol.Sample]) -> None:
+        """A worker's METRICS: its device memory and KV cache figures are kept on its handle
+        (for describe and the usage ratio), its prefix hits counted per version; the handler's
+        own samples (the KV ones too, as TorchServe shows them) become handler metrics."""
+        used, capacity = worker.kv_cache or (0, 0)
+        for sample in samples:
+            if sample.name == protocol.DEVICE_MEMORY:
+                worker.device_memory = int(sample.value)
+            elif sample.name == protocol.KV_USED:
+                used = int(sample.value)
+            elif sample.name == protocol.KV_CAPACITY:
+                capacity = int(sample.value)
+            elif sample.name == protocol.PREFIX_HITS and worker.mv is not None:
+                vm = self.version(worker.mv.key)
+                vm.prefix_hits.inc(max(0.0, sample.value))
+                vm.prefix_hit_count += int(max(0.0, sample.value))
+        if capacity:
+            worker.kv_cache = (used, capacity)
+        self.record_handler_samples([s for s in samples if s.name != protocol.DEVICE_MEMORY])
+
     def record_handler_samples(self, samples: list[protocol.Sample]) -> None:
         """Handler metrics shipped by a worker. A counter keeps its name, as TorchServe shows
         it (prometheus-client's Counter would add ``_total``): a gauge that only grows, like
@@ -237,13 +270,17 @@ class Metrics:
         import psutil
 
         for gauge in (self.pending, self.running, self.live, self.memory, self.batch_limit,
-                      self.fixed_cost, self.item_cost, self.fit_r2, self.advised_batch):
+                      self.fixed_cost, self.item_cost, self.fit_r2, self.advised_batch,
+                      self.kv_usage):
             gauge.clear()  # a version unregistered since the last scrape shows no more
         for mv in registry.all_versions():
             self.pending.labels(mv.name, mv.version).set(len(mv.batcher))
             self.running.labels(mv.name, mv.version).set(running(mv))
             self.live.labels(mv.name, mv.version).set(mv.live_count())
             self.batch_limit.labels(mv.name, mv.version).set(mv.batcher.batch_size)
+            kv = kv_cache_tokens(mv)
+            if kv is not None:
+                self.kv_usage.labels(mv.name, mv.version).set(kv[0] / kv[1])
             fit = mv.batch_costs.fit()
             if fit is not None:
                 self.fixed_cost.labels(mv.name, mv.version).set(fit.fixed)
@@ -263,3 +300,11 @@ class Metrics:
         names = set(names)
         return generate_latest(self.registry.restricted_registry(names) if names
                                else self.registry)
+
+
+def kv_cache_tokens(mv: ModelVersion) -> tuple[int, int] | None:
+    """A version's KV cache over its live workers: (used, capacity) tokens; None when no
+    worker reports one (not a generation handler, or none ready)."""
+    held = [w.kv_cache for w in mv.workers.values() if w.kv_cache is not None and w.is_serving]
+    capacity = sum(c for _, c in held)
+    return (sum(u for u, _ in held), capacity) if capacity else None

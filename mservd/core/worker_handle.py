@@ -44,6 +44,7 @@ class WorkerHandle:
     state: WorkerState = WorkerState.STARTING
     stop_requested: bool = False
     device_memory: int | None = None  # bytes its PyTorch allocator holds on its GPU, as reported
+    kv_cache: tuple[int, int] | None = None  # its KV cache's (used, capacity) tokens, as reported
     mv: Any = None  # the ModelVersion served; set by spawn_worker
     job_endpoint: str | None = None  # its job socket (READY), where a lent worker takes batches
 

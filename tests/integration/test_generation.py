@@ -102,6 +102,30 @@ def test_metrics_count_generated_tokens_and_time_the_first_and_the_next(client,
     assert metrics[f"mservd_inter_token_latency_seconds_count{{{labels}}}"] > 0
 
 
+def test_a_repeated_system_prompt_is_found_in_the_kv_cache_as_describe_and_metrics_show(
+        client, daemon) -> None:
+    from conftest import wait_until
+
+    system = "You are a careful assistant who answers in one short sentence. " * 12
+    labels = 'model_name="smollm2",model_version="1.0"'
+    before = daemon.describe("smollm2")[0]["kvCache"]["prefixHitTokens"]
+    for question in PROMPTS[:2]:
+        client.chat.completions.create(model="smollm2", max_tokens=4, messages=[
+            {"role": "system", "content": system}, {"role": "user", "content": question}])
+
+    def reused() -> dict | None:  # the worker reports its cache every half second
+        kv = daemon.describe("smollm2")[0]["kvCache"]
+        return kv if kv["prefixHitTokens"] >= before + 128 else None
+
+    kv = wait_until(reused, 10, "the second chat's system prompt found in the KV cache")
+    assert kv["capacityTokens"] > 0 and 0 <= kv["usedTokens"] <= kv["capacityTokens"]
+    assert kv["usageRatio"] == round(kv["usedTokens"] / kv["capacityTokens"], 4)
+    metrics = daemon.metrics()
+    assert 0 <= metrics[f"mservd_kv_cache_usage_ratio{{{labels}}}"] <= 1
+    assert metrics[f"mservd_prefix_cache_hit_tokens_total{{{labels}}}"] >= before + 128
+    assert "kvCache" not in daemon.describe("minilm")[0]  # not a generation handler
+
+
 def test_chat_streams_each_token_as_an_event_then_usage(client) -> None:
     events = list(chat(client, PROMPTS[0], max_tokens=20, stream=True,
                        stream_options={"include_usage": True}))

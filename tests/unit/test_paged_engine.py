@@ -112,10 +112,15 @@ def test_a_second_prompt_with_the_same_prefix_reuses_its_blocks(model) -> None:
     eng.add("first", shared + [7, 8, 9], 2, eos=[])
     first: list = []
     drive(eng, trace=first)
+    assert eng.usage().reused_tokens == 0
+    assert eng.usage().used_tokens == 0  # its blocks stay cached, but nobody holds them
     eng.add("second", shared + [10, 11, 12], 2, eos=[])
+    step = eng.step()
+    assert eng.usage() == paged_engine.CacheUsage(64 * 32, 11 * 32, 320)  # ten shared, one own
     second: list = []
     got = drive(eng, trace=second)
-    ran = [scheduled.get("second", 0) for _, _, scheduled in second]
+    ran = [step.scheduled.get("second", 0)] + [s.get("second", 0) for _, _, s in second]
+    got["second"] = step.tokens.get("second", []) + got.get("second", [])
     assert sum(ran) <= 3 + 32 + 1 and ran[0] < 40  # its 320 shared tokens were not run again
     assert sum(scheduled.get("first", 0) for _, _, scheduled in first) >= 323
     assert got["second"] == alone(model, shared + [10, 11, 12], 2)
