@@ -34,6 +34,14 @@ whole KV cache cannot hold (400, before it reaches the engine). A step the cache
 for ends its largest sequence alone. Any other failure of the shared step fails the step's
 sequences (and never the worker).
 
+OpenAI's generation fields are read here too, each with a module of its own beside this file:
+``logit_bias``, ``presence_penalty`` and ``frequency_penalty`` (``logit_rules.py``),
+and ``logprobs`` and ``top_logprobs`` (``logprobs.py``); a prompt may also come as token ids
+(``prompt_token_ids``). They shape only the sequence that sets them: the others of the
+step pick what they pick alone. A token's logprobs go out with the delta that gives out its
+text (one whose text may begin a stop string waits with it); the tokens of a stop string are
+left out, and a token that is partly answer and partly stop string is kept whole.
+
 The memory of one step is bounded: it runs at most ``prefill_tokens`` tokens, and the model's
 logits are kept for each sequence's last position alone, not for every prompt position.
 
@@ -58,10 +66,12 @@ from typing import Any
 
 import torch
 
-try:  # the archive's copy, beside this file (mservd and TorchServe put the model folder first)
+try:  # the archive's copies, beside this file (mservd and TorchServe put the model folder first)
+    import logit_rules
+    import logprobs
     import paged_engine
 except ImportError:  # this repository's (tests that import the handler from the repository)
-    from handlers import paged_engine
+    from handlers import logit_rules, logprobs, paged_engine
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +87,7 @@ MAX_STOP_CHARACTERS = 256  # each stop string's: every token is matched against 
 # Below it sampling is greedy: logits over 1e-40 overflow float32 to inf, and the sampler
 # raises on what softmax makes of them (any temperature this low picks the likeliest token)
 MIN_TEMPERATURE = 1e-4
+MAX_TOP_LOGPROBS = 20  # alternatives of each token's logprobs (OpenAI's chat bound)
 
 
 class CausalLM:
@@ -99,13 +110,23 @@ class CausalLM:
         prefix_offset: int = 0  # the tokens decoded again with the new ones, for their spacing
         read_offset: int = 0  # the tokens whose text is in ``text``
         finish_reason: str | None = None
+        # what shapes its picks (None: the model's logits as they are): logit_bias and
+        # penalties
+        rules: logit_rules.LogitRules | None = None
+        recorder: logprobs.Recorder | None = None  # the tokens' logprobs, when asked
+
+        @property
+        def shaped(self) -> bool:
+            return self.rules is not None or self.recorder is not None
 
     class TextDelta(str):
         """The text one step added to a request's answer, with what a client may want to know."""
 
-        finish_reason: str | None = None  # "stop" (EOS, a stop string), "length"; None: going on
+        # "stop" (EOS, a stop string), "length"; None: going on
+        finish_reason: str | None = None
         prompt_tokens: int = 0
         completion_tokens: int = 0
+        logprobs: list[dict[str, Any]] | None = None  # its tokens' (logprobs.py), when asked
 
         @classmethod
         def make(cls, text: str, seq: CausalLM.Sequence) -> CausalLM.TextDelta:
@@ -154,6 +175,8 @@ class CausalLM:
             "prefill_tokens", DEFAULT_PREFILL_TOKENS.get(self.device.type, 512)))
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.vocab_size = int(self.model.config.vocab_size)  # the logits' width
+        self.vocabulary = logprobs.Vocabulary(self.tokenizer)
         budget = paged_engine.kv_budget(self.model, config.get("kvCacheMemory"), self.device)
         self.engine = paged_engine.PagedEngine(self.model, budget, self.prefill_tokens,
                                                self.sample)
@@ -323,7 +346,22 @@ class CausalLM:
             generator = torch.Generator(device=self.device).manual_seed(seed % 2**63)
         seq = self.Sequence(len(prompt), max_tokens, temperature, top_p, stop,
                             bool(request.get("ignore_eos")), generator)
+        self.shape(seq, request)
         return seq, prompt
+
+    def shape(self, seq: CausalLM.Sequence, request: dict[str, Any]) -> None:
+        """What the request asks of its picks and its answer, beyond the sampler's settings:
+        ``logit_bias`` and penalties, ``logprobs``.
+
+        :raises CausalLM.Refused: a field this model cannot serve, named in the message.
+        """
+        try:
+            seq.rules = logit_rules.LogitRules.of(request, self.vocab_size)
+        except logit_rules.RuleError as exc:
+            raise CausalLM.Refused(str(exc)) from None
+        top = logprob_count(request)
+        if top is not None:
+            seq.recorder = logprobs.Recorder(top)
 
     def forget(self, gone: set[str], context: Any) -> None:
         """Drop finished or cancelled sequences from the engine (their blocks are freed) and
@@ -344,7 +382,8 @@ class CausalLM:
         """The engine's sampler: the next token of ``rid``, picked with its own settings. A
         failure (a sampler's) ends this sequence alone with the error, after the step."""
         try:
-            return self.pick(self.sequences[rid], logits)
+            seq = self.sequences[rid]
+            return self.shape_and_pick(seq, logits) if seq.shaped else self.pick(seq, logits)
         except Exception as exc:
             logger.error("request %s: picking its next token failed: %s", rid, exc,
                          exc_info=exc)
@@ -364,7 +403,20 @@ class CausalLM:
         if ended and seq.finish_reason is None:
             seq.finish_reason = "length"
             text += release(seq, len(seq.text))
-        return self.TextDelta.make(text, seq)
+        return self.delta(seq, text)
+
+    def delta(self, seq: CausalLM.Sequence, text: str) -> CausalLM.TextDelta:
+        """What a step gives the client of ``seq``: the text it released, with the logprobs
+        of the tokens whose text is now out."""
+        finished = seq.finish_reason is not None
+        delta = self.TextDelta.make(text, seq)
+        if seq.recorder is not None:
+            pending = seq.recorder.pending
+            out = len(pending) if finished else next(
+                (i for i, e in enumerate(pending) if e.end > seq.sent), len(pending))
+            delta.logprobs = [self.vocabulary.entry(e) for e in pending[:out]]
+            del pending[:out]
+        return delta
 
     def advance(self, seq: CausalLM.Sequence, token: int) -> CausalLM.TextDelta:
         """Say what text the next token adds and whether the sequence ends.
@@ -372,19 +424,27 @@ class CausalLM:
         The text a stop string ends is cut exactly before it, even where the string spans
         tokens: text that may begin a stop string is held back until the next tokens say
         whether it does."""
+        entry = seq.recorder.pending[-1] if seq.recorder and seq.recorder.pending else None
         if token in self.eos and not seq.ignore_eos:
+            if entry is not None:  # the end is no token of the answer
+                seq.recorder.pending.pop()  # type: ignore[union-attr]
             seq.finish_reason = "stop"
             return self.TextDelta.make(release(seq, len(seq.text)), seq)
         seq.generated.append(token)
         self.generated += 1
         last = len(seq.generated) >= seq.max_tokens
         checked = max(0, seq.sent - max((len(stop) for stop in seq.stop), default=0))
+        start = len(seq.text)
         seq.text += self.detokenize(seq, last)
+        if entry is not None:
+            entry.start, entry.end = start, len(seq.text)
         at = min((found for stop in seq.stop if stop
                   if (found := seq.text.find(stop, checked)) >= 0), default=-1)
         if at >= 0:
             seq.text = seq.text[:at]
             seq.finish_reason = "stop"
+            if seq.recorder is not None:  # the stop string's own tokens are no answer's
+                seq.recorder.pending = [e for e in seq.recorder.pending if e.start < at]
             return self.TextDelta.make(release(seq, at), seq)
         if last:
             seq.finish_reason = "length"
@@ -410,6 +470,20 @@ class CausalLM:
         # decode is typed str | list[str]: a list for a batch of sequences, never for one
         assert isinstance(text, str), "one sequence of ids decodes to one string"
         return text
+
+    def shape_and_pick(self, seq: CausalLM.Sequence, logits: torch.Tensor) -> int:
+        """The next token of a sequence whose request shapes its picks: its bias and penalties,
+        then :meth:`pick`; its logprobs are those of the distribution it was picked from
+        (before ``top_p``: ``logprobs.py``)."""
+        if seq.rules is not None:
+            logits = seq.rules.apply(logits)
+        token = self.pick(seq, logits)
+        if seq.recorder is not None:
+            scale = seq.temperature if seq.temperature >= MIN_TEMPERATURE else 1.0
+            seq.recorder.record(logits / scale, token)
+        if seq.rules is not None:
+            seq.rules.observe(token)
+        return token
 
     @staticmethod
     def pick(seq: CausalLM.Sequence, logits: torch.Tensor) -> int:
@@ -450,6 +524,8 @@ class CausalLM:
             else:  # transformers 5: a BatchEncoding (tokenize and return_dict are its defaults)
                 assert isinstance(encoded, Mapping), "a tokenized template is ids or a dict"
                 ids = encoded["input_ids"]
+        elif "prompt_token_ids" in request and "prompt" not in request:
+            ids = self.token_ids(request["prompt_token_ids"])
         else:
             prompt = request.get("prompt")
             if not isinstance(prompt, str) or not prompt:
@@ -457,6 +533,21 @@ class CausalLM:
             self.check_characters(len(prompt))
             ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
         return ids
+
+    def token_ids(self, given: Any) -> torch.Tensor:
+        """A prompt sent as token ids (``prompt_token_ids``), as a batch of one."""
+        if not isinstance(given, list) or not given or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in given):
+            raise CausalLM.Refused('"prompt_token_ids" must be a non-empty list of token ids.')
+        if len(given) > self.max_prompt_tokens:
+            raise CausalLM.Refused(
+                f"The prompt has {len(given)} tokens; this model takes at most "
+                f"{self.max_prompt_tokens} (handler.max_prompt_tokens).")
+        wrong = next((t for t in given if not 0 <= t < self.vocab_size), None)
+        if wrong is not None:
+            raise CausalLM.Refused(f'"prompt_token_ids" has {wrong}, which is not a token of '
+                                   f"this model's vocabulary of {self.vocab_size} tokens.")
+        return torch.tensor([given], dtype=torch.long)
 
     def check_characters(self, count: int) -> None:
         if count > self.max_prompt_characters:
@@ -477,6 +568,23 @@ def model_dtype(setting: str, device: torch.device) -> Any:
         raise ValueError(f"handler.dtype {setting!r} is not one of auto, "
                          f"{', '.join(DTYPES)}.")
     return DTYPES[setting]
+
+
+def logprob_count(request: dict[str, Any]) -> int | None:
+    """How many alternatives each token's logprobs list, or None when none are asked for:
+    chat's ``logprobs: true`` with ``top_logprobs`` (0 to 20), completions' ``logprobs`` (an
+    integer, 0 to 5)."""
+    asked = request.get("logprobs")
+    if asked is None or asked is False:
+        return None
+    if asked is True:
+        top = request.get("top_logprobs") or 0
+    else:
+        top = asked
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise CausalLM.Refused(f'"logprobs" and "top_logprobs" ask for 0 to '
+                               f"{MAX_TOP_LOGPROBS} alternatives of each token, got {top!r}.")
+    return top
 
 
 def release(seq: CausalLM.Sequence, upto: int) -> str:
