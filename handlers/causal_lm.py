@@ -36,8 +36,9 @@ sequences (and never the worker).
 
 OpenAI's generation fields are read here too, each with a module of its own beside this file:
 ``logit_bias``, ``presence_penalty`` and ``frequency_penalty`` (``logit_rules.py``),
-and ``logprobs`` and ``top_logprobs`` (``logprobs.py``); a prompt may also come as token ids
-(``prompt_token_ids``). They shape only the sequence that sets them: the others of the
+``logprobs`` and ``top_logprobs`` (``logprobs.py``), ``response_format`` (``constrained.py``:
+constrained decoding with llguidance, imported when a request needs it); a prompt may also
+come as token ids (``prompt_token_ids``). They shape only the sequence that sets them: the others of the
 step pick what they pick alone. A token's logprobs go out with the delta that gives out its
 text (one whose text may begin a stop string waits with it); the tokens of a stop string are
 left out, and a token that is partly answer and partly stop string is kept whole.
@@ -67,11 +68,12 @@ from typing import Any
 import torch
 
 try:  # the archive's copies, beside this file (mservd and TorchServe put the model folder first)
+    import constrained
     import logit_rules
     import logprobs
     import paged_engine
 except ImportError:  # this repository's (tests that import the handler from the repository)
-    from handlers import logit_rules, logprobs, paged_engine
+    from handlers import constrained, logit_rules, logprobs, paged_engine
 
 logger = logging.getLogger(__name__)
 
@@ -111,18 +113,20 @@ class CausalLM:
         read_offset: int = 0  # the tokens whose text is in ``text``
         finish_reason: str | None = None
         # what shapes its picks (None: the model's logits as they are): logit_bias and
-        # penalties
+        # penalties, a grammar (structured output, a forced tool call)
         rules: logit_rules.LogitRules | None = None
+        constraint: constrained.Constraint | None = None
         recorder: logprobs.Recorder | None = None  # the tokens' logprobs, when asked
 
         @property
         def shaped(self) -> bool:
-            return self.rules is not None or self.recorder is not None
+            return (self.rules is not None or self.constraint is not None
+                    or self.recorder is not None)
 
     class TextDelta(str):
         """The text one step added to a request's answer, with what a client may want to know."""
 
-        # "stop" (EOS, a stop string), "length"; None: going on
+        # "stop" (EOS, a stop string, a grammar's end), "length"; None: going on
         finish_reason: str | None = None
         prompt_tokens: int = 0
         completion_tokens: int = 0
@@ -177,6 +181,7 @@ class CausalLM:
         self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.vocab_size = int(self.model.config.vocab_size)  # the logits' width
         self.vocabulary = logprobs.Vocabulary(self.tokenizer)
+        self.grammars = constrained.Grammars(self.tokenizer, self.vocab_size)
         budget = paged_engine.kv_budget(self.model, config.get("kvCacheMemory"), self.device)
         self.engine = paged_engine.PagedEngine(self.model, budget, self.prefill_tokens,
                                                self.sample)
@@ -351,7 +356,7 @@ class CausalLM:
 
     def shape(self, seq: CausalLM.Sequence, request: dict[str, Any]) -> None:
         """What the request asks of its picks and its answer, beyond the sampler's settings:
-        ``logit_bias`` and penalties, ``logprobs``.
+        ``logit_bias`` and penalties, ``logprobs``, ``response_format``.
 
         :raises CausalLM.Refused: a field this model cannot serve, named in the message.
         """
@@ -362,6 +367,15 @@ class CausalLM:
         top = logprob_count(request)
         if top is not None:
             seq.recorder = logprobs.Recorder(top)
+        response_format = request.get("response_format")
+        if response_format is not None:
+            seq.constraint = self.constraint(format_grammar(response_format), "response_format")
+
+    def constraint(self, grammar: str, what: str) -> constrained.Constraint:
+        try:
+            return self.grammars.constraint(grammar, what)
+        except constrained.GrammarError as exc:
+            raise CausalLM.Refused(str(exc)) from None
 
     def forget(self, gone: set[str], context: Any) -> None:
         """Drop finished or cancelled sequences from the engine (their blocks are freed) and
@@ -446,6 +460,9 @@ class CausalLM:
             if seq.recorder is not None:  # the stop string's own tokens are no answer's
                 seq.recorder.pending = [e for e in seq.recorder.pending if e.start < at]
             return self.TextDelta.make(release(seq, at), seq)
+        if seq.constraint is not None and seq.constraint.done:  # the grammar's text is whole
+            seq.finish_reason = "stop"
+            return self.TextDelta.make(release(seq, len(seq.text)), seq)
         if last:
             seq.finish_reason = "length"
             return self.TextDelta.make(release(seq, len(seq.text)), seq)
@@ -473,16 +490,20 @@ class CausalLM:
 
     def shape_and_pick(self, seq: CausalLM.Sequence, logits: torch.Tensor) -> int:
         """The next token of a sequence whose request shapes its picks: its bias and penalties,
-        then :meth:`pick`; its logprobs are those of the distribution it was picked from
-        (before ``top_p``: ``logprobs.py``)."""
+        then its grammar's mask, then :meth:`pick`; its logprobs are those of the
+        distribution it was picked from (before ``top_p``: ``logprobs.py``)."""
         if seq.rules is not None:
             logits = seq.rules.apply(logits)
+        if seq.constraint is not None:
+            logits = seq.constraint.mask(logits)
         token = self.pick(seq, logits)
         if seq.recorder is not None:
             scale = seq.temperature if seq.temperature >= MIN_TEMPERATURE else 1.0
             seq.recorder.record(logits / scale, token)
         if seq.rules is not None:
             seq.rules.observe(token)
+        if seq.constraint is not None:
+            seq.constraint.accept(token)
         return token
 
     @staticmethod
@@ -585,6 +606,19 @@ def logprob_count(request: dict[str, Any]) -> int | None:
         raise CausalLM.Refused(f'"logprobs" and "top_logprobs" ask for 0 to '
                                f"{MAX_TOP_LOGPROBS} alternatives of each token, got {top!r}.")
     return top
+
+
+def format_grammar(response_format: Any) -> str:
+    """The grammar of ``response_format``: any JSON object, or JSON valid against a schema."""
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_object":
+        return constrained.json_schema_grammar({"type": "object"})
+    schema = (response_format.get("json_schema") or {}).get("schema") if kind == (
+        "json_schema") else None
+    if not isinstance(schema, dict):
+        raise CausalLM.Refused('"response_format" must be {"type": "json_object"} or '
+                               '{"type": "json_schema", "json_schema": {"schema": {...}}}.')
+    return constrained.json_schema_grammar(schema)
 
 
 def release(seq: CausalLM.Sequence, upto: int) -> str:

@@ -1,9 +1,13 @@
 """OpenAI's generation fields (issue 48), end to end against the SmolLM2 sample with the real
 ``openai`` client, streamed and not: ``logprobs`` in chat's and completions' shapes,
-``logit_bias`` and the penalties."""
+``logit_bias`` and the penalties, ``response_format`` (json_object and json_schema, validated
+with ``jsonschema``; ``client.beta.chat.completions.parse``)."""
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import openai
 import pytest
 
@@ -130,3 +134,44 @@ def test_a_token_out_of_the_vocabulary_is_a_400_naming_logit_bias(client) -> Non
         chat(client, max_tokens=2, logit_bias={"999999": 5})
     assert caught.value.body["param"] == "logit_bias"
     assert "not in this model's vocabulary" in caught.value.body["message"]
+
+
+# -- structured output ---------------------------------------------------------------------
+
+def schema_format(schema):
+    return {"type": "json_schema", "json_schema": {"name": "cat", "schema": schema,
+                                                   "strict": True}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_json_schema_answer_validates(client, stream) -> None:
+    ask = [{"role": "user", "content": "Describe a cat named Tom as JSON."}]
+    if stream:
+        parts = streamed(client, messages=ask, max_tokens=80,
+                         response_format=schema_format(CAT))
+        text, reason = parts["text"], parts["reason"]
+    else:
+        choice = chat(client, messages=ask, max_tokens=80,
+                      response_format=schema_format(CAT)).choices[0]
+        text, reason = choice.message.content, choice.finish_reason
+    jsonschema.validate(json.loads(text), CAT)
+    assert reason == "stop"
+
+
+def test_json_object_parses_and_the_client_parses_a_pydantic_answer(client) -> None:
+    import pydantic
+
+    class Cat(pydantic.BaseModel):
+        name: str
+        age: int
+
+    parsed = client.beta.chat.completions.parse(
+        model="smollm2", messages=[{"role": "user", "content": "A cat as JSON."}],
+        response_format=Cat, max_tokens=80)
+    assert isinstance(parsed.choices[0].message.parsed, Cat)
+    answer = chat(client, messages=[{"role": "user", "content": "Paris as JSON."}],
+                  max_tokens=150, response_format={"type": "json_object"}).choices[0]
+    if answer.finish_reason == "stop":
+        assert isinstance(json.loads(answer.message.content), dict)
+    else:
+        assert answer.finish_reason == "length"

@@ -1,13 +1,17 @@
 """The causal LM handler's OpenAI fields, on the real SmolLM2 sample, driven as the continuous
 loop drives it: ``logit_bias`` and the penalties (OpenAI's formula, per sequence),
-and ``logprobs`` (from the distribution the token is picked from, lined up with the text a
-stop string cuts).
+``logprobs`` (from the distribution the token is picked from, lined up with the text a stop
+string cuts) and ``response_format`` (constrained decoding: the answer validates; the other
+sequences of the step are untouched).
 The helpers are the step tests' (test_causal_lm_step.py)."""
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 from test_causal_lm_step import handler, model_dir, run  # noqa: F401 (a fixture)
@@ -168,3 +172,61 @@ def test_completions_logprobs_count_the_alternatives(lm) -> None:
     assert [len(e["top_logprobs"]) for e in entries(steps)] == [0, 0, 0]
     _, steps = answer(lm, {"prompt": PROMPT, "max_tokens": 3})
     assert all(getattr(out, "logprobs", None) is None for out in steps)
+
+
+# -- structured output ---------------------------------------------------------------------
+
+def chat(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+def schema_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema,
+                                                   "strict": True}}
+
+
+def test_a_json_schema_answer_validates_and_ends_at_the_grammars_end(lm) -> None:
+    text, steps = answer(lm, {"messages": chat("Describe a cat as JSON."), "max_tokens": 80,
+                              "response_format": schema_format(CAT)})
+    jsonschema.validate(json.loads(text), CAT)
+    assert steps[-1].finish_reason == "stop"
+
+
+def test_a_json_object_answer_parses_and_max_tokens_still_bounds_it(lm) -> None:
+    text, steps = answer(lm, {"messages": chat("Describe Paris in JSON."), "max_tokens": 120,
+                              "response_format": {"type": "json_object"}})
+    if steps[-1].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    cut, steps = answer(lm, {"messages": chat("Describe Paris in JSON."), "max_tokens": 4,
+                             "response_format": {"type": "json_object"}})
+    assert steps[-1].finish_reason == "length" and text.startswith(cut)
+
+
+def test_a_constrained_sequence_leaves_the_others_of_its_step_as_they_are_alone(lm) -> None:
+    plain = [{"body": {"prompt": f"Tell me about number {i}.", "max_tokens": 12}}
+             for i in range(2)]
+    alone = run(lm[0], lm[1], plain)
+    constrained = {"body": {"messages": chat("A cat as JSON."), "max_tokens": 40,
+                            "response_format": schema_format(CAT), "logprobs": True,
+                            "presence_penalty": 1.0}}
+    mixed = run(lm[0], lm[1], [plain[0], constrained, plain[1]])
+    assert (mixed["r0"], mixed["r2"]) == (alone["r0"], alone["r1"])
+    jsonschema.validate(json.loads(mixed["r1"]), CAT)
+
+
+def test_structured_output_without_llguidance_is_refused_naming_the_field(
+        model_dir, monkeypatch) -> None:  # noqa: F811
+    lm, context, _ = handler(model_dir)
+    monkeypatch.setitem(sys.modules, "llguidance", None)  # import llguidance fails
+    out = run(lm, context, [{"body": {"messages": chat("Hi"), "response_format": {
+        "type": "json_object"}}}, {"body": {"prompt": PROMPT, "max_tokens": 3}}])
+    assert isinstance(out["r0"], RequestError) and out["r0"].status == 400
+    assert out["r0"].message.startswith('"response_format" needs constrained decoding')
+    assert isinstance(out["r1"], str) and out["r1"]
+
+
+def test_a_schema_the_grammar_cannot_follow_is_refused_naming_the_field(lm) -> None:
+    out = run(lm[0], lm[1], [{"body": {"messages": chat("Hi"), "response_format":
+                                       schema_format({"type": "wizard"})}}])["r0"]
+    assert isinstance(out, RequestError) and out.status == 400
+    assert out.message == '"response_format" cannot be followed: Invalid type: wizard'
