@@ -37,8 +37,9 @@ sequences (and never the worker).
 OpenAI's generation fields are read here too, each with a module of its own beside this file:
 ``logit_bias``, ``presence_penalty`` and ``frequency_penalty`` (``logit_rules.py``),
 ``logprobs`` and ``top_logprobs`` (``logprobs.py``), ``response_format`` (``constrained.py``:
-constrained decoding with llguidance, imported when a request needs it); a prompt may also
-come as token ids (``prompt_token_ids``). They shape only the sequence that sets them: the others of the
+constrained decoding with llguidance, imported when a request needs it) and ``tools``,
+``tool_choice``, ``parallel_tool_calls`` (``tool_calls.py``); a prompt may also come as token
+ids (``prompt_token_ids``). They shape only the sequence that sets them: the others of the
 step pick what they pick alone. A token's logprobs go out with the delta that gives out its
 text (one whose text may begin a stop string waits with it); the tokens of a stop string are
 left out, and a token that is partly answer and partly stop string is kept whole.
@@ -72,8 +73,9 @@ try:  # the archive's copies, beside this file (mservd and TorchServe put the mo
     import logit_rules
     import logprobs
     import paged_engine
+    import tool_calls
 except ImportError:  # this repository's (tests that import the handler from the repository)
-    from handlers import constrained, logit_rules, logprobs, paged_engine
+    from handlers import constrained, logit_rules, logprobs, paged_engine, tool_calls
 
 logger = logging.getLogger(__name__)
 
@@ -117,20 +119,30 @@ class CausalLM:
         rules: logit_rules.LogitRules | None = None
         constraint: constrained.Constraint | None = None
         recorder: logprobs.Recorder | None = None  # the tokens' logprobs, when asked
+        tools: CausalLM.Tools | None = None  # the answer read for tool calls
 
         @property
         def shaped(self) -> bool:
             return (self.rules is not None or self.constraint is not None
                     or self.recorder is not None)
 
+    @dataclass
+    class Tools:
+        """A request's tools: its answer is read for calls; ``rest``: the grammar that follows
+        a call the model opens unconstrained (``tool_choice: auto``), None once it applies."""
+
+        parser: tool_calls.Parser
+        rest: str | None = None
+
     class TextDelta(str):
         """The text one step added to a request's answer, with what a client may want to know."""
 
-        # "stop" (EOS, a stop string, a grammar's end), "length"; None: going on
+        # "stop" (EOS, a stop string, a grammar's end), "length", "tool_calls"; None: going on
         finish_reason: str | None = None
         prompt_tokens: int = 0
         completion_tokens: int = 0
         logprobs: list[dict[str, Any]] | None = None  # its tokens' (logprobs.py), when asked
+        tool_calls: list[dict[str, Any]] | None = None  # OpenAI's deltas of its tool calls
 
         @classmethod
         def make(cls, text: str, seq: CausalLM.Sequence) -> CausalLM.TextDelta:
@@ -182,6 +194,7 @@ class CausalLM:
         self.vocab_size = int(self.model.config.vocab_size)  # the logits' width
         self.vocabulary = logprobs.Vocabulary(self.tokenizer)
         self.grammars = constrained.Grammars(self.tokenizer, self.vocab_size)
+        self.native_tools = tool_calls.knows_tools(self.tokenizer)
         budget = paged_engine.kv_budget(self.model, config.get("kvCacheMemory"), self.device)
         self.engine = paged_engine.PagedEngine(self.model, budget, self.prefill_tokens,
                                                self.sample)
@@ -356,7 +369,7 @@ class CausalLM:
 
     def shape(self, seq: CausalLM.Sequence, request: dict[str, Any]) -> None:
         """What the request asks of its picks and its answer, beyond the sampler's settings:
-        ``logit_bias`` and penalties, ``logprobs``, ``response_format``.
+        ``logit_bias`` and penalties, ``logprobs``, ``response_format``, ``tools``.
 
         :raises CausalLM.Refused: a field this model cannot serve, named in the message.
         """
@@ -367,9 +380,27 @@ class CausalLM:
         top = logprob_count(request)
         if top is not None:
             seq.recorder = logprobs.Recorder(top)
+        tools = request.get("tools") or []
+        choice = request.get("tool_choice", "auto")
+        parallel = request.get("parallel_tool_calls") is not False
+        grammar, what = None, ""
+        if tools and choice != "none":
+            grammar, what = tool_calls.grammar(tools, choice, parallel), "tool_choice"
+            seq.tools = self.Tools(tool_calls.Parser())
+            if grammar is None:  # auto: constrained once the model opens a call
+                seq.tools.rest = tool_calls.rest_of_call(tools, parallel)
+                self.constraint(seq.tools.rest, "tools")  # refused now if it cannot be
         response_format = request.get("response_format")
         if response_format is not None:
-            seq.constraint = self.constraint(format_grammar(response_format), "response_format")
+            if seq.tools is not None and grammar is None:
+                raise CausalLM.Refused(
+                    '"response_format" with "tools" is served with "tool_choice" "none", '
+                    '"required" or a named function, not "auto": the answer is either '
+                    "constrained to the format from its first token or free to call a tool.")
+            if grammar is None:
+                grammar, what = format_grammar(response_format), "response_format"
+        if grammar is not None:
+            seq.constraint = self.constraint(grammar, what)
 
     def constraint(self, grammar: str, what: str) -> constrained.Constraint:
         try:
@@ -421,8 +452,11 @@ class CausalLM:
 
     def delta(self, seq: CausalLM.Sequence, text: str) -> CausalLM.TextDelta:
         """What a step gives the client of ``seq``: the text it released, with the logprobs
-        of the tokens whose text is now out."""
+        of the tokens whose text is now out and the tool calls read in it."""
         finished = seq.finish_reason is not None
+        calls = None
+        if seq.tools is not None:
+            text, calls = seq.tools.parser.feed(text, finished)
         delta = self.TextDelta.make(text, seq)
         if seq.recorder is not None:
             pending = seq.recorder.pending
@@ -430,6 +464,10 @@ class CausalLM:
                 (i for i, e in enumerate(pending) if e.end > seq.sent), len(pending))
             delta.logprobs = [self.vocabulary.entry(e) for e in pending[:out]]
             del pending[:out]
+        if seq.tools is not None:
+            delta.tool_calls = calls or None
+            if seq.finish_reason == "stop" and seq.tools.parser.calls:
+                delta.finish_reason = "tool_calls"
         return delta
 
     def advance(self, seq: CausalLM.Sequence, token: int) -> CausalLM.TextDelta:
@@ -463,6 +501,8 @@ class CausalLM:
         if seq.constraint is not None and seq.constraint.done:  # the grammar's text is whole
             seq.finish_reason = "stop"
             return self.TextDelta.make(release(seq, len(seq.text)), seq)
+        if seq.tools is not None and seq.tools.rest is not None:
+            self.constrain_call(seq)
         if last:
             seq.finish_reason = "length"
             return self.TextDelta.make(release(seq, len(seq.text)), seq)
@@ -506,6 +546,24 @@ class CausalLM:
             seq.constraint.accept(token)
         return token
 
+    def constrain_call(self, seq: CausalLM.Sequence) -> None:
+        """``tool_choice: auto``: once the answer opens a tool call, what follows is
+        constrained to one (a declared function's name, arguments of its schema)."""
+        assert seq.tools is not None and seq.tools.rest is not None
+        at = seq.text.find(tool_calls.OPEN)
+        if at < 0:
+            return
+        rest, seq.tools.rest = seq.tools.rest, None
+        constraint = self.grammars.constraint(rest, "tools")
+        # the text the token that opened the call brought past it: the grammar's to follow
+        after = seq.text[at + len(tool_calls.OPEN):]
+        try:
+            for token in self.tokenizer.encode(after, add_special_tokens=False):
+                constraint.accept(token)
+        except constrained.GrammarError:  # not a call the grammar allows: left unconstrained
+            return
+        seq.constraint = constraint
+
     @staticmethod
     def pick(seq: CausalLM.Sequence, logits: torch.Tensor) -> int:
         if seq.temperature < MIN_TEMPERATURE:
@@ -521,6 +579,12 @@ class CausalLM:
     def encode_prompt(self, request: dict[str, Any]) -> torch.Tensor:
         """The prompt's token ids, its size checked before it is templated or tokenised."""
         messages = request.get("messages")
+        tools = None
+        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages) and (
+                request.get("tools") or any(m.get("role") == "tool" or m.get("tool_calls")
+                                            for m in messages)):
+            offered = request.get("tools") if request.get("tool_choice") != "none" else None
+            messages, tools = tool_calls.render(messages, offered, self.native_tools)
         if messages is not None:
             if not isinstance(messages, list) or not all(
                     isinstance(m, dict) and isinstance(m.get("content", ""), str)
@@ -535,7 +599,7 @@ class CausalLM:
                                       if isinstance(value, str)))
             try:
                 encoded = self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, return_tensors="pt")
+                    messages, tools=tools, add_generation_prompt=True, return_tensors="pt")
             except Exception as exc:  # the template's own complaint (a role it does not know)
                 raise CausalLM.Refused(f"The messages do not fit the model's chat template: "
                                        f"{exc}") from None

@@ -1,7 +1,9 @@
 """OpenAI's generation fields (issue 48), end to end against the SmolLM2 sample with the real
 ``openai`` client, streamed and not: ``logprobs`` in chat's and completions' shapes,
 ``logit_bias`` and the penalties, ``response_format`` (json_object and json_schema, validated
-with ``jsonschema``; ``client.beta.chat.completions.parse``)."""
+with ``jsonschema``; ``client.beta.chat.completions.parse``), tools (forced and named calls,
+streamed as OpenAI streams them, and the follow-up with the tool's answer), and LangChain's
+``ChatOpenAI`` (invoke, stream, bind_tools, with_structured_output)."""
 
 from __future__ import annotations
 
@@ -175,3 +177,90 @@ def test_json_object_parses_and_the_client_parses_a_pydantic_answer(client) -> N
         assert isinstance(json.loads(answer.message.content), dict)
     else:
         assert answer.finish_reason == "length"
+
+
+# -- tools ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_a_forced_tool_call_comes_back_as_tool_calls(client, choice, stream) -> None:
+    kwargs = {"messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": choice,
+              "parallel_tool_calls": False, "max_tokens": 60}
+    if stream:
+        parts = streamed(client, **kwargs)
+        calls, reason, text = parts["calls"], parts["reason"], parts["text"]
+    else:
+        choice_ = chat(client, **kwargs).choices[0]
+        message = choice_.message
+        assert message.content is None
+        calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                 for c in message.tool_calls]
+        reason, text = choice_.finish_reason, ""
+    assert reason == "tool_calls" and text == "" and len(calls) == 1
+    assert calls[0]["id"].startswith("call_") and calls[0]["name"] == "get_weather"
+    jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER["function"]["parameters"])
+
+
+def test_the_tools_answer_goes_back_through_the_template(client) -> None:
+    first = chat(client, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="required",
+                 parallel_tool_calls=False, max_tokens=60).choices[0].message
+    call = first.tool_calls[0]
+    follow = chat(client, tools=[WEATHER], max_tokens=30, messages=[
+        *ASK_WEATHER, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function", "function": {
+                "name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny and 21 degrees."}])
+    assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert follow.usage.prompt_tokens > 100  # the tools and the call were rendered
+
+
+def test_auto_and_none_answer_text_or_calls(client) -> None:
+    auto = chat(client, messages=ASK_WEATHER, tools=[WEATHER], max_tokens=40).choices[0]
+    if auto.finish_reason == "tool_calls":
+        for call in auto.message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments),
+                                WEATHER["function"]["parameters"])
+    else:
+        assert auto.message.content and not auto.message.tool_calls
+    none = chat(client, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="none",
+                max_tokens=20).choices[0]
+    assert none.message.tool_calls is None and none.finish_reason in ("stop", "length")
+
+
+# -- LangChain -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def langchain_chat(daemon):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    return langchain_openai.ChatOpenAI(
+        model="smollm2", base_url=daemon.url("inference", "/v1"),
+        api_key=daemon.key("inference") or "none", max_tokens=60, temperature=0)
+
+
+def test_langchain_invokes_streams_binds_tools_and_structures_output(langchain_chat) -> None:
+    import pydantic
+
+    said = langchain_chat.invoke("Say hello.")
+    assert said.content
+    assert "".join(c.content for c in langchain_chat.stream("Say hello.")) == said.content
+
+    class Weather(pydantic.BaseModel):
+        """The current weather in a city."""
+
+        city: str
+
+    bound = langchain_chat.bind_tools([Weather], tool_choice="Weather")
+    message = bound.invoke("What is the weather in Paris?")
+    assert message.tool_calls and message.tool_calls[0]["name"] == "Weather"
+    assert isinstance(message.tool_calls[0]["args"]["city"], str)
+
+    class Cat(pydantic.BaseModel):
+        name: str
+        age: int
+
+    for method in ("json_schema", "function_calling"):
+        cat = langchain_chat.with_structured_output(Cat, method=method).invoke(
+            "A cat named Tom, age 3.")
+        assert isinstance(cat, Cat)

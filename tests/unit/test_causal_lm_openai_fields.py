@@ -1,8 +1,8 @@
 """The causal LM handler's OpenAI fields, on the real SmolLM2 sample, driven as the continuous
 loop drives it: ``logit_bias`` and the penalties (OpenAI's formula, per sequence),
 ``logprobs`` (from the distribution the token is picked from, lined up with the text a stop
-string cuts) and ``response_format`` (constrained decoding: the answer validates; the other
-sequences of the step are untouched).
+string cuts), ``response_format`` (constrained decoding: the answer validates; the other
+sequences of the step are untouched) and tools (forced calls, the answer read into calls).
 The helpers are the step tests' (test_causal_lm_step.py)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 import torch
 from test_causal_lm_step import handler, model_dir, run  # noqa: F401 (a fixture)
 
+from handlers import tool_calls
 from handlers.errors import RequestError
 from handlers.logit_rules import LogitRules
 
@@ -230,3 +231,77 @@ def test_a_schema_the_grammar_cannot_follow_is_refused_naming_the_field(lm) -> N
                                        schema_format({"type": "wizard"})}}])["r0"]
     assert isinstance(out, RequestError) and out.status == 400
     assert out.message == '"response_format" cannot be followed: Invalid type: wizard'
+
+
+# -- tools ---------------------------------------------------------------------------------
+
+def calls_of(steps: list[Any]) -> list[dict[str, Any]]:
+    """The tool calls of an answer's deltas, merged as a client merges them."""
+    calls: list[dict[str, Any]] = []
+    for out in steps:
+        for delta in getattr(out, "tool_calls", None) or []:
+            if "id" in delta:
+                assert delta["index"] == len(calls) and delta["id"].startswith("call_")
+                calls.append({"name": delta["function"]["name"], "arguments": ""})
+            calls[delta["index"]]["arguments"] += delta["function"]["arguments"]
+    return calls
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_time"}}])
+def test_a_forced_tool_call_names_a_declared_function_with_valid_arguments(lm, choice) -> None:
+    text, steps = answer(lm, {"messages": chat("What is the weather in Paris?"),
+                              "tools": [WEATHER, TIME], "tool_choice": choice,
+                              "parallel_tool_calls": False, "max_tokens": 60})
+    calls = calls_of(steps)
+    assert text == "" and len(calls) == 1 and steps[-1].finish_reason == "tool_calls"
+    tool = {"get_weather": WEATHER, "get_time": TIME}[calls[0]["name"]]
+    if isinstance(choice, dict):
+        assert calls[0]["name"] == "get_time"
+    jsonschema.validate(json.loads(calls[0]["arguments"]), tool["function"]["parameters"])
+
+
+def test_tools_are_written_into_the_system_prompt_of_a_template_that_knows_none(lm) -> None:
+    tokenizer = lm[0].tokenizer
+    assert not tool_calls.knows_tools(tokenizer)
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {
+                        "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"}]
+    rendered, tools = tool_calls.render(messages, [WEATHER], native=False)
+    assert tools is None
+    assert rendered[0]["content"].startswith("Be brief.\n\n# Tools\n")
+    assert json.dumps(WEATHER) in rendered[0]["content"]
+    assert rendered[2]["content"] == ('<tool_call>\n{"name": "get_weather", "arguments": '
+                                      '{"city": "Paris"}}\n</tool_call>')
+    assert rendered[3] == {"role": "user",
+                           "content": "<tool_response>\nSunny, 21 C\n</tool_response>"}
+    text, _ = answer(lm, {"messages": messages, "tools": [WEATHER], "max_tokens": 8})
+    assert isinstance(text, str)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+def test_the_parser_splits_content_and_calls_alike_whatever_the_pieces(size) -> None:
+    text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
+            '"Pa}ris", "n": {"a": 1}}}\n</tool_call>\n<tool_call>\n{"name": "get_time", '
+            '"arguments": {}}\n</tool_call>')
+    parser = tool_calls.Parser()
+    outs = [parser.feed(text[i:i + size], False) for i in range(0, len(text), size)]
+    outs.append(parser.feed("", True))
+    assert "".join(c for c, _ in outs) == "Let me check."
+
+    class Out:
+        def __init__(self, calls):
+            self.tool_calls = calls
+
+    assert calls_of([Out(d) for _, d in outs]) == [
+        {"name": "get_weather", "arguments": '{"city": "Pa}ris", "n": {"a": 1}}'},
+        {"name": "get_time", "arguments": "{}"}]
+
+
+def test_text_that_opens_no_real_call_stays_content() -> None:
+    parser = tool_calls.Parser()
+    assert parser.feed("a <tool_call> b", False) == ("a", [])
+    assert parser.feed("", True) == (" <tool_call> b", [])
