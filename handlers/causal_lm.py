@@ -34,6 +34,16 @@ whole KV cache cannot hold (400, before it reaches the engine). A step the cache
 for ends its largest sequence alone. Any other failure of the shared step fails the step's
 sequences (and never the worker).
 
+OpenAI's generation fields are read here too, each with a module of its own beside this file:
+``logit_bias``, ``presence_penalty`` and ``frequency_penalty`` (``logit_rules.py``),
+``logprobs`` and ``top_logprobs`` (``logprobs.py``), ``response_format`` (``constrained.py``:
+constrained decoding with llguidance, imported when a request needs it) and ``tools``,
+``tool_choice``, ``parallel_tool_calls`` (``tool_calls.py``); a prompt may also come as token
+ids (``prompt_token_ids``). They shape only the sequence that sets them: the others of the
+step pick what they pick alone. A token's logprobs go out with the delta that gives out its
+text (one whose text may begin a stop string waits with it); the tokens of a stop string are
+left out, and a token that is partly answer and partly stop string is kept whole.
+
 The memory of one step is bounded: it runs at most ``prefill_tokens`` tokens, and the model's
 logits are kept for each sequence's last position alone, not for every prompt position.
 
@@ -59,10 +69,14 @@ from typing import Any
 
 import torch
 
-try:  # the archive's copy, beside this file (mservd and TorchServe put the model folder first)
+try:  # the archive's copies, beside this file (mservd and TorchServe put the model folder first)
+    import constrained
+    import logit_rules
+    import logprobs
     import paged_engine
+    import tool_calls
 except ImportError:  # this repository's (tests that import the handler from the repository)
-    from handlers import paged_engine
+    from handlers import constrained, logit_rules, logprobs, paged_engine, tool_calls
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +93,7 @@ MAX_STOP_CHARACTERS = 256  # each stop string's: every token is matched against 
 # Below it sampling is greedy: logits over 1e-40 overflow float32 to inf, and the sampler
 # raises on what softmax makes of them (any temperature this low picks the likeliest token)
 MIN_TEMPERATURE = 1e-4
+MAX_TOP_LOGPROBS = 20  # alternatives of each token's logprobs (OpenAI's chat bound)
 
 
 class CausalLM:
@@ -101,13 +116,35 @@ class CausalLM:
         prefix_offset: int = 0  # the tokens decoded again with the new ones, for their spacing
         read_offset: int = 0  # the tokens whose text is in ``text``
         finish_reason: str | None = None
+        # what shapes its picks (None: the model's logits as they are): logit_bias and
+        # penalties, a grammar (structured output, a forced tool call)
+        rules: logit_rules.LogitRules | None = None
+        constraint: constrained.Constraint | None = None
+        recorder: logprobs.Recorder | None = None  # the tokens' logprobs, when asked
+        tools: CausalLM.Tools | None = None  # the answer read for tool calls
+
+        @property
+        def shaped(self) -> bool:
+            return (self.rules is not None or self.constraint is not None
+                    or self.recorder is not None)
+
+    @dataclass
+    class Tools:
+        """A request's tools: its answer is read for calls; ``rest``: the grammar that follows
+        a call the model opens unconstrained (``tool_choice: auto``), None once it applies."""
+
+        parser: tool_calls.Parser
+        rest: str | None = None
 
     class TextDelta(str):
         """The text one step added to a request's answer, with what a client may want to know."""
 
-        finish_reason: str | None = None  # "stop" (EOS, a stop string), "length"; None: going on
+        # "stop" (EOS, a stop string, a grammar's end), "length", "tool_calls"; None: going on
+        finish_reason: str | None = None
         prompt_tokens: int = 0
         completion_tokens: int = 0
+        logprobs: list[dict[str, Any]] | None = None  # its tokens' (logprobs.py), when asked
+        tool_calls: list[dict[str, Any]] | None = None  # OpenAI's deltas of its tool calls
 
         @classmethod
         def make(cls, text: str, seq: CausalLM.Sequence) -> CausalLM.TextDelta:
@@ -156,6 +193,10 @@ class CausalLM:
             "prefill_tokens", DEFAULT_PREFILL_TOKENS.get(self.device.type, 512)))
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.vocab_size = int(self.model.config.vocab_size)  # the logits' width
+        self.vocabulary = logprobs.Vocabulary(self.tokenizer)
+        self.grammars = constrained.Grammars(self.tokenizer, self.vocab_size)
+        self.native_tools = tool_calls.knows_tools(self.tokenizer)
         budget = paged_engine.kv_budget(self.model, config.get("kvCacheMemory"), self.device)
         self.engine = paged_engine.PagedEngine(self.model, budget, self.prefill_tokens,
                                                self.sample)
@@ -344,7 +385,49 @@ class CausalLM:
             generator = torch.Generator(device=self.device).manual_seed(seed % 2**63)
         seq = self.Sequence(len(prompt), max_tokens, temperature, top_p, stop,
                             bool(request.get("ignore_eos")), generator)
+        self.shape(seq, request)
         return seq, prompt
+
+    def shape(self, seq: CausalLM.Sequence, request: dict[str, Any]) -> None:
+        """What the request asks of its picks and its answer, beyond the sampler's settings:
+        ``logit_bias`` and penalties, ``logprobs``, ``response_format``, ``tools``.
+
+        :raises CausalLM.Refused: a field this model cannot serve, named in the message.
+        """
+        try:
+            seq.rules = logit_rules.LogitRules.of(request, self.vocab_size)
+        except logit_rules.RuleError as exc:
+            raise CausalLM.Refused(str(exc)) from None
+        top = logprob_count(request)
+        if top is not None:
+            seq.recorder = logprobs.Recorder(top)
+        tools = request.get("tools") or []
+        choice = request.get("tool_choice", "auto")
+        parallel = request.get("parallel_tool_calls") is not False
+        grammar, what = None, ""
+        if tools and choice != "none":
+            grammar, what = tool_calls.grammar(tools, choice, parallel), "tool_choice"
+            seq.tools = self.Tools(tool_calls.Parser())
+            if grammar is None:  # auto: constrained once the model opens a call
+                seq.tools.rest = tool_calls.rest_of_call(tools, parallel)
+                self.constraint(seq.tools.rest, "tools")  # refused now if it cannot be
+        response_format = request.get("response_format")
+        if response_format is not None:
+            if seq.tools is not None and grammar is None:
+                raise CausalLM.Refused(
+                    '"response_format" with "tools" is served with "tool_choice" "none", '
+                    '"required" or a named function, not "auto": the answer is either '
+                    "constrained to the format from its first token or free to call a tool.")
+            if grammar is None:
+                grammar, what = format_grammar(response_format), "response_format"
+        if grammar is not None:
+            seq.constraint = self.constraint(grammar, what)
+
+    def constraint(self, grammar: str, what: str) -> constrained.Constraint:
+        try:
+            return self.grammars.constraint(grammar, what)
+        except constrained.GrammarError as exc:
+            raise CausalLM.Refused(str(exc)) from None
 
     def forget(self, gone: set[str], context: Any) -> None:
         """Drop finished or cancelled sequences from the engine (their blocks are freed) and
@@ -365,7 +448,8 @@ class CausalLM:
         """The engine's sampler: the next token of ``rid``, picked with its own settings. A
         failure (a sampler's) ends this sequence alone with the error, after the step."""
         try:
-            return self.pick(self.sequences[rid], logits)
+            seq = self.sequences[rid]
+            return self.shape_and_pick(seq, logits) if seq.shaped else self.pick(seq, logits)
         except Exception as exc:
             logger.error("request %s: picking its next token failed: %s", rid, exc,
                          exc_info=exc)
@@ -385,7 +469,27 @@ class CausalLM:
         if ended and seq.finish_reason is None:
             seq.finish_reason = "length"
             text += release(seq, len(seq.text))
-        return self.TextDelta.make(text, seq)
+        return self.delta(seq, text)
+
+    def delta(self, seq: CausalLM.Sequence, text: str) -> CausalLM.TextDelta:
+        """What a step gives the client of ``seq``: the text it released, with the logprobs
+        of the tokens whose text is now out and the tool calls read in it."""
+        finished = seq.finish_reason is not None
+        calls = None
+        if seq.tools is not None:
+            text, calls = seq.tools.parser.feed(text, finished)
+        delta = self.TextDelta.make(text, seq)
+        if seq.recorder is not None:
+            pending = seq.recorder.pending
+            out = len(pending) if finished else next(
+                (i for i, e in enumerate(pending) if e.end > seq.sent), len(pending))
+            delta.logprobs = [self.vocabulary.entry(e) for e in pending[:out]]
+            del pending[:out]
+        if seq.tools is not None:
+            delta.tool_calls = calls or None
+            if seq.finish_reason == "stop" and seq.tools.parser.calls:
+                delta.finish_reason = "tool_calls"
+        return delta
 
     def advance(self, seq: CausalLM.Sequence, token: int) -> CausalLM.TextDelta:
         """Say what text the next token adds and whether the sequence ends.
@@ -393,20 +497,33 @@ class CausalLM:
         The text a stop string ends is cut exactly before it, even where the string spans
         tokens: text that may begin a stop string is held back until the next tokens say
         whether it does."""
+        entry = seq.recorder.pending[-1] if seq.recorder and seq.recorder.pending else None
         if token in self.eos and not seq.ignore_eos:
+            if entry is not None:  # the end is no token of the answer
+                seq.recorder.pending.pop()  # type: ignore[union-attr]
             seq.finish_reason = "stop"
             return self.TextDelta.make(release(seq, len(seq.text)), seq)
         seq.generated.append(token)
         self.generated += 1
         last = len(seq.generated) >= seq.max_tokens
         checked = max(0, seq.sent - max((len(stop) for stop in seq.stop), default=0))
+        start = len(seq.text)
         seq.text += self.detokenize(seq, last)
+        if entry is not None:
+            entry.start, entry.end = start, len(seq.text)
         at = min((found for stop in seq.stop if stop
                   if (found := seq.text.find(stop, checked)) >= 0), default=-1)
         if at >= 0:
             seq.text = seq.text[:at]
             seq.finish_reason = "stop"
+            if seq.recorder is not None:  # the stop string's own tokens are no answer's
+                seq.recorder.pending = [e for e in seq.recorder.pending if e.start < at]
             return self.TextDelta.make(release(seq, at), seq)
+        if seq.constraint is not None and seq.constraint.done:  # the grammar's text is whole
+            seq.finish_reason = "stop"
+            return self.TextDelta.make(release(seq, len(seq.text)), seq)
+        if seq.tools is not None and seq.tools.rest is not None:
+            self.constrain_call(seq)
         if last:
             seq.finish_reason = "length"
             return self.TextDelta.make(release(seq, len(seq.text)), seq)
@@ -432,6 +549,42 @@ class CausalLM:
         assert isinstance(text, str), "one sequence of ids decodes to one string"
         return text
 
+    def shape_and_pick(self, seq: CausalLM.Sequence, logits: torch.Tensor) -> int:
+        """The next token of a sequence whose request shapes its picks: its bias and penalties,
+        then its grammar's mask, then :meth:`pick`; its logprobs are those of the
+        distribution it was picked from (before ``top_p``: ``logprobs.py``)."""
+        if seq.rules is not None:
+            logits = seq.rules.apply(logits)
+        if seq.constraint is not None:
+            logits = seq.constraint.mask(logits)
+        token = self.pick(seq, logits)
+        if seq.recorder is not None:
+            scale = seq.temperature if seq.temperature >= MIN_TEMPERATURE else 1.0
+            seq.recorder.record(logits / scale, token)
+        if seq.rules is not None:
+            seq.rules.observe(token)
+        if seq.constraint is not None:
+            seq.constraint.accept(token)
+        return token
+
+    def constrain_call(self, seq: CausalLM.Sequence) -> None:
+        """``tool_choice: auto``: once the answer opens a tool call, what follows is
+        constrained to one (a declared function's name, arguments of its schema)."""
+        assert seq.tools is not None and seq.tools.rest is not None
+        at = seq.text.find(tool_calls.OPEN)
+        if at < 0:
+            return
+        rest, seq.tools.rest = seq.tools.rest, None
+        constraint = self.grammars.constraint(rest, "tools")
+        # the text the token that opened the call brought past it: the grammar's to follow
+        after = seq.text[at + len(tool_calls.OPEN):]
+        try:
+            for token in self.tokenizer.encode(after, add_special_tokens=False):
+                constraint.accept(token)
+        except constrained.GrammarError:  # not a call the grammar allows: left unconstrained
+            return
+        seq.constraint = constraint
+
     @staticmethod
     def pick(seq: CausalLM.Sequence, logits: torch.Tensor) -> int:
         if seq.temperature < MIN_TEMPERATURE:
@@ -447,6 +600,12 @@ class CausalLM:
     def encode_prompt(self, request: dict[str, Any]) -> torch.Tensor:
         """The prompt's token ids, its size checked before it is templated or tokenised."""
         messages = request.get("messages")
+        tools = None
+        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages) and (
+                request.get("tools") or any(m.get("role") == "tool" or m.get("tool_calls")
+                                            for m in messages)):
+            offered = request.get("tools") if request.get("tool_choice") != "none" else None
+            messages, tools = tool_calls.render(messages, offered, self.native_tools)
         if messages is not None:
             if not isinstance(messages, list) or not all(
                     isinstance(m, dict) and isinstance(m.get("content", ""), str)
@@ -461,7 +620,7 @@ class CausalLM:
                                       if isinstance(value, str)))
             try:
                 encoded = self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, return_tensors="pt")
+                    messages, tools=tools, add_generation_prompt=True, return_tensors="pt")
             except Exception as exc:  # the template's own complaint (a role it does not know)
                 raise CausalLM.Refused(f"The messages do not fit the model's chat template: "
                                        f"{exc}") from None
@@ -471,6 +630,8 @@ class CausalLM:
             else:  # transformers 5: a BatchEncoding (tokenize and return_dict are its defaults)
                 assert isinstance(encoded, Mapping), "a tokenized template is ids or a dict"
                 ids = encoded["input_ids"]
+        elif "prompt_token_ids" in request and "prompt" not in request:
+            ids = self.token_ids(request["prompt_token_ids"])
         else:
             prompt = request.get("prompt")
             if not isinstance(prompt, str) or not prompt:
@@ -478,6 +639,21 @@ class CausalLM:
             self.check_characters(len(prompt))
             ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
         return ids
+
+    def token_ids(self, given: Any) -> torch.Tensor:
+        """A prompt sent as token ids (``prompt_token_ids``), as a batch of one."""
+        if not isinstance(given, list) or not given or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in given):
+            raise CausalLM.Refused('"prompt_token_ids" must be a non-empty list of token ids.')
+        if len(given) > self.max_prompt_tokens:
+            raise CausalLM.Refused(
+                f"The prompt has {len(given)} tokens; this model takes at most "
+                f"{self.max_prompt_tokens} (handler.max_prompt_tokens).")
+        wrong = next((t for t in given if not 0 <= t < self.vocab_size), None)
+        if wrong is not None:
+            raise CausalLM.Refused(f'"prompt_token_ids" has {wrong}, which is not a token of '
+                                   f"this model's vocabulary of {self.vocab_size} tokens.")
+        return torch.tensor([given], dtype=torch.long)
 
     def check_characters(self, count: int) -> None:
         if count > self.max_prompt_characters:
@@ -498,6 +674,36 @@ def model_dtype(setting: str, device: torch.device) -> Any:
         raise ValueError(f"handler.dtype {setting!r} is not one of auto, "
                          f"{', '.join(DTYPES)}.")
     return DTYPES[setting]
+
+
+def logprob_count(request: dict[str, Any]) -> int | None:
+    """How many alternatives each token's logprobs list, or None when none are asked for:
+    chat's ``logprobs: true`` with ``top_logprobs`` (0 to 20), completions' ``logprobs`` (an
+    integer, 0 to 5)."""
+    asked = request.get("logprobs")
+    if asked is None or asked is False:
+        return None
+    if asked is True:
+        top = request.get("top_logprobs") or 0
+    else:
+        top = asked
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise CausalLM.Refused(f'"logprobs" and "top_logprobs" ask for 0 to '
+                               f"{MAX_TOP_LOGPROBS} alternatives of each token, got {top!r}.")
+    return top
+
+
+def format_grammar(response_format: Any) -> str:
+    """The grammar of ``response_format``: any JSON object, or JSON valid against a schema."""
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_object":
+        return constrained.json_schema_grammar({"type": "object"})
+    schema = (response_format.get("json_schema") or {}).get("schema") if kind == (
+        "json_schema") else None
+    if not isinstance(schema, dict):
+        raise CausalLM.Refused('"response_format" must be {"type": "json_object"} or '
+                               '{"type": "json_schema", "json_schema": {"schema": {...}}}.')
+    return constrained.json_schema_grammar(schema)
 
 
 def release(seq: CausalLM.Sequence, upto: int) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -19,22 +18,18 @@ HAS_GPU = bool(os.path.isdir("/proc/driver/nvidia/gpus") and os.listdir("/proc/d
 pytestmark = pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU (make test-gpu)")
 
 
-class Counters:
-    def add_counter(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
 def test_bf16_generation_on_the_gpu_gives_what_generate_gives(tmp_path) -> None:
     from handlers.causal_lm import CausalLM
     from handlers.mock_context import MockContext
+    from handlers.ts_compat import install_ts_aliases
 
+    install_ts_aliases()  # the handler reports its metrics through ts.metrics, as in a worker
     with zipfile.ZipFile(ARCHIVE) as archive:
         archive.extractall(tmp_path)
     context = MockContext(model_dir=str(tmp_path), gpu_id=0)
     context.model_yaml_config = {"continuousBatching": "true", "kvCacheMemory": 0.1,
                                  "handler": {"dtype": "bfloat16"}}
     free, _ = torch.cuda.mem_get_info(0)
-    context.metrics = Counters()
     lm = CausalLM()
     lm.initialize(context)
     weights = next(lm.model.parameters())

@@ -187,8 +187,6 @@ def test_a_list_of_prompts_is_one_choice_each_in_order(client, daemon) -> None:
     assert [c["text"] for c in langchain.json()["choices"]] == [alone[0].choices[0].text]
 
 
-@pytest.mark.xfail(reason="handlers/causal_lm.py does not read body.prompt_token_ids yet: "
-                          "asked of the generation handler's owner", raises=openai.BadRequestError)
 def test_token_id_prompts_answer_as_their_text_does(client, store, tmp_path) -> None:
     import zipfile
 

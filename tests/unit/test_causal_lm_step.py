@@ -16,13 +16,11 @@ import torch
 from handlers.causal_lm import CausalLM
 from handlers.errors import RequestError
 from handlers.mock_context import MockContext
+from handlers.ts_compat import install_ts_aliases
 
 ARCHIVE = Path(__file__).resolve().parents[2] / "model_store" / "smollm2.mar"
 
-
-class Counters:
-    def add_counter(self, *args: Any, **kwargs: Any) -> None:
-        pass
+install_ts_aliases()  # the handler reports its metrics through ts.metrics, as in a worker
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +40,6 @@ def handler(model_dir: Path, kv: Any = None,
     context.model_yaml_config = {"continuousBatching": "true", "handler": settings}
     if kv is not None:
         context.model_yaml_config["kvCacheMemory"] = kv
-    context.metrics = Counters()
     lm = CausalLM()
     lm.initialize(context)
     passes: list[dict] = []
@@ -259,7 +256,6 @@ def test_a_static_batch_keeps_a_refused_requests_error_and_reads_it_once(model_d
     read = lm.read
     monkeypatch.setattr(lm, "read", lambda row: (reads.append(row), read(row))[1])
     context = MockContext(model_dir=str(model_dir))
-    context.metrics = Counters()
     context.cache = {}
     context.request_ids = {0: "good", 1: "bad"}
     import sys
