@@ -378,19 +378,19 @@ class Scheduler:
 
     def _fill_slots(self, mv: ModelVersion, now: float) -> list[Action]:
         """Continuous batching: each serving worker gets queued requests for its free slots
-        (a stateful model's: of the sequences pinned to it)."""
+        (a stateful model's: of the sequences pinned to it; any other's spread by
+        :meth:`_spread`)."""
         actions: list[Action] = []
         vm = self.metrics.version(mv.key)
-        workers = list(mv.workers.values())
-        live: list[str] = []
+        workers = [w for w in mv.workers.values() if w.is_serving]
         if mv.settings.sequence_batching:  # a new sequence goes to the one holding fewest
             workers.sort(key=lambda w: mv.sequences.held(w.id))
-            live = [w.id for w in workers if w.is_serving]
+            live = [w.id for w in workers]
+            wanted = {w.id: self._free_slots(mv, w) for w in workers}
+        else:
+            wanted = self._spread(mv, workers)
         for worker in workers:
-            if not worker.is_serving:
-                continue
-            running = self.running.get(worker.id)
-            free = mv.settings.batch_size - (len(running.requests) if running else 0)
+            free = wanted.get(worker.id, 0)
             if free <= 0:
                 continue
             if mv.settings.sequence_batching:
@@ -400,6 +400,7 @@ class Scheduler:
             if not batch:
                 continue
             observe_waits(vm, batch, now)
+            running = self.running.get(worker.id)
             if running is None:
                 running = self.running[worker.id] = Running(mv, {}, now, step_deadline(mv, now))
             running.requests.update((p.rid, p) for p in batch)  # (a busy worker's deadline
@@ -408,6 +409,28 @@ class Scheduler:
             if not len(mv.batcher):
                 break
         return actions
+
+    def _free_slots(self, mv: ModelVersion, worker: WorkerHandle) -> int:
+        running = self.running.get(worker.id)
+        return mv.settings.batch_size - (len(running.requests) if running else 0)
+
+    def _spread(self, mv: ModelVersion, workers: list[WorkerHandle]) -> dict[str, int]:
+        """How many of the queued requests each worker takes: one by one, each to the worker
+        running the fewest, then to the one whose KV cache is least full (as its handler last
+        reported), so that a generation model's workers share the streams instead of the
+        first one filling its slots while another idles."""
+        free = {w.id: self._free_slots(mv, w) for w in workers}
+        held = {w.id: mv.settings.batch_size - free[w.id] for w in workers}
+        fullness = {w.id: w.kv_cache[0] / w.kv_cache[1] if w.kv_cache and w.kv_cache[1] else 0.0
+                    for w in workers}
+        wanted = dict.fromkeys(free, 0)
+        for _ in range(len(mv.batcher)):
+            open_ = [w for w in free if wanted[w] < free[w]]
+            if not open_:
+                break
+            best = min(open_, key=lambda w: (held[w] + wanted[w], fullness[w]))
+            wanted[best] += 1
+        return wanted
 
     def progress(self, worker: WorkerHandle, rid: bytes, now: float,
                  head: bytes = b"") -> bytes | None:

@@ -329,6 +329,30 @@ def test_continuous_batching_fills_free_slots_at_once_and_answers_each_request_a
     assert s.is_busy(first.worker)
 
 
+def test_continuous_batching_spreads_new_sequences_over_the_workers_running_fewest() -> None:
+    s, mv = setup(workers=2, settings=Settings(), batch_size=4)
+    mv.settings = dataclasses.replace(mv.settings, continuous_batching=True)
+    for rid in (b"a", b"b", b"c"):
+        s.enqueue(FRONTEND, route(rid, 0.0), [], now=0.0)
+    sends = s.dispatch(mv, now=0.0)
+    assert sorted(len(send.requests) for send in sends) == [1, 2]
+    assert len({send.worker.id for send in sends}) == 2
+    s.enqueue(FRONTEND, route(b"d", 0.1), [], now=0.1)
+    [send] = s.dispatch(mv, now=0.1)  # to the worker that runs one, not the one that runs two
+    fewer = next(sent.worker for sent in sends if len(sent.requests) == 1)
+    assert send.worker is fewer and [p.rid for p in send.requests] == [b"d"]
+
+
+def test_continuous_batching_sends_a_new_sequence_to_the_worker_with_the_emptier_kv_cache(
+) -> None:
+    s, mv = setup(workers=2, settings=Settings(), batch_size=4)
+    mv.settings = dataclasses.replace(mv.settings, continuous_batching=True)
+    first, second = mv.workers.values()
+    first.kv_cache, second.kv_cache = (900, 1000), (100, 1000)  # as their handlers reported
+    [send] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
+    assert send.worker is second
+
+
 def test_continuous_batching_frees_the_slot_of_a_client_that_went_away() -> None:
     s, mv = setup(settings=Settings(), batch_size=1)
     mv.settings = dataclasses.replace(mv.settings, continuous_batching=True)
@@ -367,8 +391,11 @@ def continuous(workers: int = 1, **api) -> tuple[Scheduler, ModelVersion]:
 
 def test_a_request_that_streamed_a_part_is_not_run_again_when_its_worker_dies() -> None:
     s, mv = continuous(workers=2, batch_size=4)
+    spare = list(mv.workers.values())[1]
+    spare.state = WorkerState.STARTING  # both requests go to the first worker
     [send] = s.submit(FRONTEND, route(b"streamed", 0.0), [], now=0.0)
     s.submit(FRONTEND, route(b"silent", 0.0), [], now=0.0)
+    spare.state = WorkerState.SERVING
     dead = send.worker
     assert s.progress(dead, b"streamed", now=0.5) == FRONTEND  # its client has a part
     del mv.workers[dead.id]
