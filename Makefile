@@ -46,7 +46,8 @@ bench: samples $(TS_VENV)/bin/torchserve
 # TorchServe as its users run it: its own environment, its own `torchserve` script, no mservd.
 $(TS_VENV)/bin/torchserve:
 	$(PYTHON) -m venv $(TS_VENV)
-	$(TS_VENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1 torchserve==0.12.0 captum pyyaml
+	$(TS_VENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1 torchserve==0.12.0 captum pyyaml \
+		"transformers==5.25.*" "llguidance>=1.9,<2"  # the smollm2 sample's handler needs them
 
 clean:
 	rm -rf model_store/*.mar logs

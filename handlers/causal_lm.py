@@ -53,8 +53,9 @@ on the CPU; or ``float32``, ``bfloat16``, ``float16``), ``max_new_tokens`` (the 
 ``max_prompt_tokens`` (a prompt's tokens; default the model's context),
 ``max_prompt_characters`` (a prompt's characters before it is tokenised, or of all its
 messages; default 16 per token of ``max_prompt_tokens``), ``max_messages`` (default 1024) and
-``prefill_tokens`` (the tokens one step runs: default 512 on the CPU, 2048 on a GPU); its top
-level ``kvCacheMemory`` (see ``paged_engine.kv_memory``).
+``prefill_tokens`` (the tokens one step runs: default 512 on the CPU, 2048 on a GPU) and
+``prefix_caching`` (default true; false computes every prompt in full, as vLLM's
+``--no-enable-prefix-caching``); its top level ``kvCacheMemory`` (see ``paged_engine.kv_memory``).
 """
 
 from __future__ import annotations
@@ -198,8 +199,9 @@ class CausalLM:
         self.grammars = constrained.Grammars(self.tokenizer, self.vocab_size)
         self.native_tools = tool_calls.knows_tools(self.tokenizer)
         budget = paged_engine.kv_budget(self.model, config.get("kvCacheMemory"), self.device)
+        prefix_caching = str(handler_config.get("prefix_caching", True)).lower() != "false"
         self.engine = paged_engine.PagedEngine(self.model, budget, self.prefill_tokens,
-                                               self.sample)
+                                               self.sample, prefix_caching)
         # new requests are read here, so that a long prompt's templating and tokenising
         # (the tokenizer's Rust code lets go of the GIL) do not hold up the running sequences
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="causal-lm-read")

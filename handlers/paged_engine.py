@@ -141,7 +141,7 @@ class PagedEngine:
     """
 
     def __init__(self, model: Any, budget: KVBudget, max_batch_tokens: int,
-                 pick: Callable[[str, torch.Tensor], int]) -> None:
+                 pick: Callable[[str, torch.Tensor], int], prefix_caching: bool = True) -> None:
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
         self.model = model
@@ -154,7 +154,7 @@ class PagedEngine:
             num_blocks=budget.num_blocks,  # never sized by transformers (60% of RAM on a CPU)
             max_batch_tokens=max_batch_tokens,
             max_memory_percent=1.0,  # only checked: the cache and its buffers must fit at all
-            allow_block_sharing=True,
+            allow_block_sharing=prefix_caching,  # off: every prompt is computed in full
             scheduler_type="fifo",  # decoding first, then prefill chunks with what is left
             use_cuda_graph=False,  # our sampler is Python: it cannot be captured in a graph
             use_async_batching=False,
