@@ -15,7 +15,8 @@ sequences' keys and values live in a paged KV cache of fixed size (model-config.
 ``kvCacheMemory``); a request that does not fit yet waits in its queue (no text yet), a running
 one that cannot grow is preempted and recomputed later, a prompt that begins with blocks
 already in the cache reuses them, and a step runs every decoding sequence and then as much of
-the waiting prompts as its token budget (``prefill_tokens``) leaves, so a long prompt is
+the waiting prompts as its token budget (``prefill_tokens``; ``stream_step_tokens`` while
+some decode) leaves, so a long prompt is
 prefilled over several steps while the others go on. The engine picks no tokens: each
 sequence's next token is picked here, with its own settings and seed, so a seeded request
 gives the same tokens whatever it runs beside. Greedy output is the tokens ``generate()``
@@ -53,7 +54,9 @@ on the CPU; or ``float32``, ``bfloat16``, ``float16``), ``max_new_tokens`` (the 
 ``max_prompt_tokens`` (a prompt's tokens; default the model's context),
 ``max_prompt_characters`` (a prompt's characters before it is tokenised, or of all its
 messages; default 16 per token of ``max_prompt_tokens``), ``max_messages`` (default 1024) and
-``prefill_tokens`` (the tokens one step runs: default 512 on the CPU, 2048 on a GPU) and
+``prefill_tokens`` (the tokens one step runs: default 512 on the CPU, 2048 on a GPU),
+``stream_step_tokens`` (the tokens one step runs while sequences decode: default a quarter of
+``prefill_tokens``, so that a long prompt's chunks stretch the streams' next tokens less) and
 ``prefix_caching`` (default true; false computes every prompt in full, as vLLM's
 ``--no-enable-prefix-caching``); its top level ``kvCacheMemory`` (see ``paged_engine.kv_memory``).
 """
@@ -200,8 +203,10 @@ class CausalLM:
         self.native_tools = tool_calls.knows_tools(self.tokenizer)
         budget = paged_engine.kv_budget(self.model, config.get("kvCacheMemory"), self.device)
         prefix_caching = str(handler_config.get("prefix_caching", True)).lower() != "false"
-        self.engine = paged_engine.PagedEngine(self.model, budget, self.prefill_tokens,
-                                               self.sample, prefix_caching)
+        stream_tokens = handler_config.get("stream_step_tokens")
+        self.engine = paged_engine.PagedEngine(
+            self.model, budget, self.prefill_tokens, self.sample, prefix_caching,
+            int(stream_tokens) if stream_tokens is not None else None)
         # new requests are read here, so that a long prompt's templating and tokenising
         # (the tokenizer's Rust code lets go of the GIL) do not hold up the running sequences
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="causal-lm-read")

@@ -8,8 +8,10 @@ before it, and a later prompt that begins with the same tokens shares it instead
 it again), and chunked prefill under a per-step token budget (decoding sequences go first,
 then as much of a prompt as the budget leaves). Its public API runs all of that on a thread of
 its own; :class:`PagedEngine` runs it here, one step per call and no thread, through the batch
-processor's ``prepare_next_batch`` / ``_generation_step`` / ``update_batch``. Those names are
-semi-private and change between minor versions: pyproject.toml pins ``transformers==5.25.*``
+processor's ``prepare_next_batch`` / ``_generation_step`` / ``update_batch``, with two changes of
+its own: the step's token budget shrinks while sequences decode (``streaming_batch_tokens``),
+and attention runs per sequence (:func:`varlen_sdpa`) instead of over the whole step under a
+mask. Those names are semi-private and change between minor versions: pyproject.toml pins ``transformers==5.25.*``
 and ``tests/unit/test_paged_engine.py`` fails loudly when an upgrade breaks them.
 
 The engine owns the KV cache and who runs in a step. It does not read requests, pick tokens
@@ -132,6 +134,61 @@ def kv_budget(model: Any, setting: Any, device: torch.device) -> KVBudget:
     return KVBudget(per_token, budget, page_size, blocks)
 
 
+ATTENTION = "mservd_varlen_sdpa"  # (a name with "flash" in it would make transformers look
+# for a flash-attn kernel)
+
+
+def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, attention_mask: torch.Tensor | None,
+                scaling: float | None = None, dropout: float = 0.0,
+                **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention for a step of the paged engine, one sequence at a time.
+
+    transformers' SDPA path for continuous batching attends every query of the step to every
+    key read for it, under a block-diagonal mask of (step tokens × all keys read): a 512-token
+    prefill chunk beside 15 running sequences of 500 tokens costs 512 × 8,000 scores a head,
+    and a step's time grew from 1.5 s to 4.6 s as the sequences grew (16 mixed prompts, this
+    2-core box). Here each sequence's queries attend to its own keys only (the queries are the
+    last positions of its keys: causal from the bottom right), so a step costs the sum of its
+    sequences' own (queries × keys). Outside the engine (no ``cu_seq_lens_q``) it is plain SDPA.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cu_q = kwargs.get("cu_seq_lens_q")
+    cu_k = kwargs.get("cu_seq_lens_k")
+    if cu_q is None or cu_k is None or kwargs.get("block_table") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    heads, positions, dim = query.shape[1], query.shape[2], query.shape[3]
+    out = query.new_zeros(1, heads, positions, dim)
+    gqa = key.shape[1] != heads
+    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(bounds_q) - 1):
+        q0, q1, k0, k1 = bounds_q[i], bounds_q[i + 1], bounds_k[i], bounds_k[i + 1]
+        if q1 <= q0:
+            continue
+        q_len, k_len = q1 - q0, k1 - k0
+        mask = None
+        if 1 < q_len < k_len:  # a chunk after the sequence's cached tokens
+            mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(
+                k_len - q_len)
+        out[:, :, q0:q1] = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, q0:q1], key[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask,
+            is_causal=q_len == k_len and q_len > 1, scale=scaling, enable_gqa=gqa)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_varlen_sdpa(model: Any, io: Any) -> None:
+    """Make ``model`` attend with :func:`varlen_sdpa`, once transformers' batch processor is
+    made (it accepts only its own implementations), and spare the processor the dense mask it
+    would build and clear every step (``io``: its inputs and outputs)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, varlen_sdpa)
+    model.set_attn_implementation(ATTENTION)
+    io.attention_mask = None  # is_causal then; varlen_sdpa reads each sequence's bounds
+
+
 class PagedEngine:
     """transformers' continuous-batching engine for one model, stepped by the caller.
 
@@ -141,12 +198,15 @@ class PagedEngine:
     """
 
     def __init__(self, model: Any, budget: KVBudget, max_batch_tokens: int,
-                 pick: Callable[[str, torch.Tensor], int], prefix_caching: bool = True) -> None:
+                 pick: Callable[[str, torch.Tensor], int], prefix_caching: bool = True,
+                 streaming_batch_tokens: int | None = None) -> None:
         from transformers import ContinuousBatchingConfig, GenerationConfig
+        from transformers.generation.continuous_batching.requests import RequestStatus
 
         self.model = model
         self.budget = budget
         self.pick = pick
+        self.DECODING = RequestStatus.DECODING
         # each request says its max_new_tokens and its EOS (none: -1)
         generation = GenerationConfig(do_sample=False, max_new_tokens=1, eos_token_id=-1)
         config = ContinuousBatchingConfig(
@@ -157,20 +217,29 @@ class PagedEngine:
             allow_block_sharing=prefix_caching,  # off: every prompt is computed in full
             scheduler_type="fifo",  # decoding first, then prefill chunks with what is left
             use_cuda_graph=False,  # our sampler is Python: it cannot be captured in a graph
+            max_blocks_per_request=0,  # no block-table decoding: that path needs flash-attn
             use_async_batching=False,
             auto_switch_to_flash=False,  # sdpa, as loaded: flash_attn may be missing offline
         )
         if model.device.type == "cuda":
             torch.cuda.set_device(model.device)  # the engine sizes and streams on this GPU
+        if model.config._attn_implementation == ATTENTION:  # a second engine on one model
+            model.set_attn_implementation("sdpa")
         self.manager = model.init_continuous_batching(generation_config=generation,
                                                       continuous_batching_config=config)
         # what the manager's start() does on its thread, without the thread
         self.manager.background_thread_status.clear()
         self.processor = self.manager._create_batch_processor()
+        use_varlen_sdpa(model, self.processor.inputs_and_outputs)
         self.manager.batch_processor = self.processor
         self.manager.current_batch = 0
         self.processor.model_runner._sample = self._sample
         self.cache = self.processor.cache
+        # a step's token budget: all of it when no sequence decodes, a share beside decoding
+        # ones, so that a long prompt's chunks do not stretch every stream's next token
+        self.batch_tokens = max_batch_tokens
+        self.streaming_batch_tokens = min(max_batch_tokens, streaming_batch_tokens
+                                          or max(32, max_batch_tokens // 4))
         self.capacity = self.cache.num_blocks * budget.page_size  # tokens
         self.reused = 0  # prompt tokens found in the cache since the last usage()
         search = self.cache.search_prefix_match
@@ -212,6 +281,10 @@ class PagedEngine:
         """
         result = EngineStep()
         processor = self.processor
+        decoding = sum(state.status == self.DECODING
+                       for state in processor.scheduler.active_requests.values())
+        processor.max_batch_tokens = (self.batch_tokens if not decoding else
+                                      max(decoding, self.streaming_batch_tokens))
         try:
             with torch.inference_mode():
                 if processor.prepare_next_batch():

@@ -165,6 +165,27 @@ def test_a_request_waits_for_room_and_preempted_ones_are_recomputed_exactly(mode
         assert got[rid] == alone(model, ids, 60), rid
 
 
+def test_the_cache_holds_each_sequences_own_tokens_and_under_one_block_more(model) -> None:
+    """Mixed lengths: after every step the blocks held are the sequences' own tokens rounded
+    up to a block each, never the longest one's length times their number."""
+    eng = engine(model, step_tokens=512)
+    lengths = {"a": 12, "b": 300, "c": 70, "d": 33}
+    for rid, length in lengths.items():
+        eng.add(rid, prompt(len(rid) + length, length), 6, eos=[])
+    own = dict.fromkeys(lengths, 0)
+    for _ in range(20):
+        if not eng.requests:
+            break
+        ran = eng.step()
+        for rid, count in ran.scheduled.items():
+            own[rid] += count
+        running = [rid for rid in eng.requests if eng.blocks_held(rid)]
+        held = eng.usage().used_tokens
+        tokens = sum(own[rid] for rid in running)
+        assert tokens <= held <= tokens + 31 * len(running), (held, tokens, running)
+    assert not eng.requests
+
+
 def test_a_step_without_room_fails_the_largest_request_alone(model) -> None:
     eng = engine(model, blocks=4)
     eng.add("small", prompt(1, 20), 5, eos=[])
