@@ -347,7 +347,9 @@ class PagedEngine:
         """The cache's size and use in tokens; the reused prompt tokens since the last call.
         A full block no sequence holds any more is free: it stays cached for prefix reuse
         only until its room is wanted."""
-        held = max((len({block for blocks in allocator.block_table.values() for block in blocks})
+        # (a cancelled sequence's blocks are freed at the next step: they count no more)
+        held = max((len({block for rid, blocks in allocator.block_table.items()
+                         if rid in self.requests for block in blocks})
                     for allocator in self.cache.cache_allocators.values()), default=0)
         reused, self.reused = self.reused, 0
         return CacheUsage(self.capacity, held * self.budget.page_size, reused)
