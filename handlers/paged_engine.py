@@ -11,8 +11,9 @@ its own; :class:`PagedEngine` runs it here, one step per call and no thread, thr
 processor's ``prepare_next_batch`` / ``_generation_step`` / ``update_batch``, with two changes of
 its own: the step's token budget shrinks while sequences decode (``streaming_batch_tokens``),
 and attention runs per sequence (:func:`varlen_sdpa`) instead of over the whole step under a
-mask. Those names are semi-private and change between minor versions: pyproject.toml pins ``transformers==5.25.*``
-and ``tests/unit/test_paged_engine.py`` fails loudly when an upgrade breaks them.
+mask. Those names are semi-private and change between minor versions: pyproject.toml pins
+``transformers==5.25.*`` and ``tests/unit/test_paged_engine.py`` fails loudly when an upgrade
+breaks them.
 
 The engine owns the KV cache and who runs in a step. It does not read requests, pick tokens
 (the caller's ``pick`` does, for each sequence that gets one: its sampling settings and seed
