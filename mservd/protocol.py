@@ -38,7 +38,7 @@ to it and forwarded as the same bytes::
                                                        where delivered)
 
     route = [rid, model, version or None, token or None, timeout_ms or None, explain, sent,
-             inputs, sequence or None, ends_sequence, client or None]
+             inputs, sequence or None, ends_sequence, client or None, workflow, key or None]
             (sent: the frontend's time.monotonic() when it sent the request; CLOCK_MONOTONIC
             is one clock for every process on the host, so the controller sees the transit;
             inputs: how many payload frames follow the meta, so the controller finds the next
@@ -46,7 +46,9 @@ to it and forwarded as the same bytes::
             the client's ts_request_sequence_id and ts_request_sequence_end headers, read
             here once, for a stateful model's sequences; client: who sent it, as its
             frontend names it (an IPv4 address, an IPv6 /64), which a stateful model's
-            sequence is bound to; absent from a 10-item route)
+            sequence is bound to; absent from a 10-item route; workflow: a /wfpredict
+            run, absent from a 10- or 11-item route; key: the client's traffic key, which a
+            model whose versions share its traffic hashes onto their weights, core/traffic.py)
     meta  = [codec, [[name, content_type], ...], {header: value}]
     job   = [rid, kind, fid] or [rid, kind, fid, {header: value}]
                                (the request's id, what it asks of the handler: PREDICTION,
@@ -94,6 +96,7 @@ A ROUTER prepends the peer's identity frame; the functions here take and return 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import struct
@@ -198,6 +201,8 @@ class Route:
     sequence: str | None = None  # ts_request_sequence_id: a stateful model's sequence
     ends_sequence: bool = False  # ts_request_sequence_end: the sequence's last request
     client: str | None = None  # who sent it (its address), where its frontend says
+    workflow: bool = False  # a workflow's run (/wfpredict), not a model's request
+    key: str | None = None  # the traffic key (traffic_key_header): one key, one version
 
 
 # TorchServe's headers of a stateful model's sequences (mservd/core/sequences.py)
@@ -216,7 +221,8 @@ def prediction(rid: bytes, model: str, version: str | None, token: str | None, c
                inputs: Sequence[tuple[str, str]], headers: dict[str, str],
                payloads: Sequence[bytes], *, explain: bool = False,
                timeout_ms: float | None = None, sent: float | None = None,
-               client: str | None = None) -> list[bytes]:
+               client: str | None = None, workflow: bool = False,
+               key: str | None = None) -> list[bytes]:
     """The PREDICT message of one request, whichever frontend and protocol it came by.
 
     ``inputs`` are (name, content type) pairs, one per payload; ``headers`` are what the
@@ -225,8 +231,28 @@ def prediction(rid: bytes, model: str, version: str | None, token: str | None, c
     """
     route = packb([rid, model, version, token, timeout_ms, explain,
                    time.monotonic() if sent is None else sent, len(payloads),
-                   headers.get(SEQUENCE_ID), says_yes(headers.get(SEQUENCE_END)), client])
+                   headers.get(SEQUENCE_ID), says_yes(headers.get(SEQUENCE_END)), client,
+                   workflow, key])
     return [PREDICT, route, packb([codec, list(inputs), headers]), *payloads]
+
+
+def with_key(message: list[bytes], key: str | None) -> list[bytes]:
+    """A PREDICT message built by :func:`prediction` or :func:`predictions` whose requests
+    carry the traffic ``key`` (the frontend read it from a header once, for every protocol's
+    routes); the message itself when there is none."""
+    if key is None:
+        return message
+    out = [message[0]]
+    for route, frames in parse_predictions(message[1:]):
+        out += [route_frame(dataclasses.replace(route, key=key)), *frames]
+    return out
+
+
+def route_frame(route: Route) -> bytes:
+    """The route header of ``route``, 13 items."""
+    return packb([route.rid, route.model, route.version, route.token, route.timeout_ms,
+                  route.explain, route.sent, route.inputs, route.sequence, route.ends_sequence,
+                  route.client, route.workflow, route.key])
 
 
 def predictions(messages: Iterable[list[bytes]]) -> list[bytes]:
@@ -255,10 +281,12 @@ def parse_predictions(frames: Sequence[bytes]) -> Iterator[tuple[Route, list[byt
 
 def parse_route(frame: bytes) -> Route:
     fields = unpackb(frame)
-    if not isinstance(fields, list) or len(fields) not in (10, 11):
-        raise ProtocolError("route header must be a 10-item array (11 with the client)")
+    if not isinstance(fields, list) or len(fields) not in (10, 11, 13):
+        raise ProtocolError("route header must be a 10-item array (11 with the client, 13 with "
+                            "the workflow flag and the traffic key)")
     rid, model, version, token, timeout_ms, explain, sent, inputs, sequence, ends = fields[:10]
-    client = fields[10] if len(fields) == 11 else None
+    client = fields[10] if len(fields) >= 11 else None
+    workflow, key = (fields[11], fields[12]) if len(fields) == 13 else (False, None)
     if not isinstance(rid, bytes) or not isinstance(model, str):
         raise ProtocolError("route header has a bad request id or model name")
     if version is not None and not isinstance(version, str):
@@ -275,8 +303,12 @@ def parse_route(frame: bytes) -> Route:
         raise ProtocolError("route header has a bad sequence id")
     if client is not None and not isinstance(client, str):
         raise ProtocolError("route header has a bad client")
+    if not isinstance(workflow, bool):
+        raise ProtocolError("route header has a bad workflow flag")
+    if key is not None and not isinstance(key, str):
+        raise ProtocolError("route header has a bad traffic key")
     return Route(rid, model, version, token, timeout_ms, bool(explain), sent, inputs, sequence,
-                 bool(ends), client)
+                 bool(ends), client, workflow, key)
 
 
 # -- BATCH: the controller hands a worker requests ------------------------------------------

@@ -77,6 +77,7 @@ class HttpFrontendSpec(Spec):
     max_request_size: int
     reply_timeout: float
     unknown_token_limit: int = 8  # unknown tokens of one client address waiting at once
+    traffic_key_header: str = "x-traffic-key"  # a request's traffic key (core/traffic.py)
     gunicorn: dict[str, Any] = field(default_factory=dict)  # gunicorn's own settings, as named
     cors: dict[str, str] = field(default_factory=dict)  # CORS headers every answer carries
     tls_ports: list[int] = field(default_factory=list)  # served over TLS with the two files:
@@ -104,6 +105,7 @@ class GrpcFrontendSpec(Spec):
     handshake_timeout: float  # seconds to a connection's HTTP/2 settings (and TLS handshake)
     write_timeout: float = 30.0  # a streaming call's answer left unread (frontend_write_timeout)
     unknown_token_limit: int = 8  # unknown tokens of one client address waiting at once
+    traffic_key_header: str = "x-traffic-key"  # a call's traffic key (core/traffic.py)
     log_level: str = "INFO"
     log_format: str = "plain"
     certificate_file: str = ""  # both set: the two ports serve TLS (enable_grpc_ssl)

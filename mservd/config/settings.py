@@ -309,6 +309,42 @@ class Settings:
             at_least(1),
         ),
     )
+    traffic_key_header: str = field(
+        default="x-traffic-key",
+        metadata=meta(
+            "traffic_key_header",
+            "The request header (HTTP) or metadata key (gRPC) whose value a model with a sticky "
+            "traffic policy hashes onto its versions' weights: one key always sees one version "
+            "(PUT /models/{m}/traffic).",
+        ),
+    )
+    traffic_error_window_s: float = field(
+        default=30.0,
+        metadata=meta(
+            "traffic_error_window_s",
+            "Seconds of answers over which a version's 5xx rate is measured against its "
+            "traffic policy's maxErrorRate.",
+            above(0),
+        ),
+    )
+    traffic_min_requests: int = field(
+        default=20,
+        metadata=meta(
+            "traffic_min_requests",
+            "Answers a version must have in the window before its 5xx rate can take its "
+            "traffic away.",
+            at_least(1),
+        ),
+    )
+    traffic_cooldown_s: float = field(
+        default=30.0,
+        metadata=meta(
+            "traffic_cooldown_s",
+            "Seconds a version past its maxErrorRate gets no traffic; then it has its weight "
+            "back (half-open), and failing again doubles this, up to 10 times.",
+            above(0),
+        ),
+    )
     lend_idle_workers: bool = field(
         default=True,
         metadata=meta(

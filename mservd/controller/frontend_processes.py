@@ -123,6 +123,7 @@ class Frontends:
             max_request_size=settings.max_request_size,
             reply_timeout=reply_timeout,
             unknown_token_limit=settings.unknown_token_limit,
+            traffic_key_header=settings.traffic_key_header.lower(),
             gunicorn={  # gunicorn's own settings (config.py documents each key), in
                 "graceful_timeout": math.ceil(settings.drain_timeout),  # whole seconds
                 "keepalive": math.ceil(settings.frontend_keepalive),
@@ -156,6 +157,7 @@ class Frontends:
             handshake_timeout=settings.frontend_header_timeout,
             write_timeout=settings.frontend_write_timeout,
             unknown_token_limit=settings.unknown_token_limit,
+            traffic_key_header=settings.traffic_key_header.lower(),
             log_level=settings.log_level,
             log_format=settings.log_format,
             certificate_file=settings.certificate_file if settings.enable_grpc_ssl else "",

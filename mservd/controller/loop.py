@@ -41,6 +41,7 @@ from mservd.core.leases import Lend, Recall, Revoke
 from mservd.core.metrics import Metrics
 from mservd.core.registry import ModelVersion, Registry
 from mservd.core.scheduler import (
+    SHADOW,
     Action,
     CancelRunning,
     Forward,
@@ -256,8 +257,20 @@ class Controller:
 
     def answer(self, fid: bytes, result: protocol.Result) -> None:
         """Queue a final answer for frontend ``fid``: all its answers of one turn of the loop
-        leave as one REPLY (:meth:`send_answers`)."""
+        leave as one REPLY (:meth:`send_answers`). A shadow copy's answer is counted and
+        dropped here: no frontend asked for it."""
+        if fid == SHADOW:
+            self.shadow_answered(result)
+            return
         self._queue(self.answers, fid, result)
+
+    def shadow_answered(self, result: protocol.Result) -> None:
+        """Count a shadow copy's answer by its outcome; its version counted it as a request
+        of its own already (status and latency)."""
+        status = protocol.Head.parse(result.head).status
+        key = self.scheduler.shadows.pop(result.rid, None)
+        if key is not None:
+            self.metrics.shadowed(*key, "ok" if status < 400 else "error")
 
     @staticmethod
     def _queue(box: dict[bytes, list[protocol.Result]], fid: bytes,
@@ -323,9 +336,8 @@ class Controller:
                         "ascii", "replace"))
                     mv, refused = None, [self.scheduler.refuse(fid, route.rid, MservdError(
                         f"The request could not be queued: {type(exc).__name__}: {exc}"))]
-                if mv is None:
-                    self.perform(refused)
-                else:
+                self.perform(refused)  # a refusal, or a shadow copy's dispatch
+                if mv is not None:
                     queued[id(mv)] = mv
         finally:
             for mv in queued.values():
@@ -394,7 +406,7 @@ class Controller:
         elif kind == protocol.CHUNK:  # streamed parts: forwarded, their requests stay open
             for part in protocol.parse_results(frames[2:]):
                 fid = self.scheduler.progress(worker, part.rid, now, part.head)
-                if fid is not None:
+                if fid is not None and fid != SHADOW:
                     self._queue(self.parts, fid, part)
         elif kind == protocol.STEPPED:  # a continuous worker's steps go on, unstreamed
             self.scheduler.stepped(worker, now)

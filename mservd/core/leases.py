@@ -118,7 +118,11 @@ class Leases:
         self.lone[mv.key] = self.lone.get(mv.key, 0) + 1 if size == 1 else 0
 
     def _is_default(self, mv: ModelVersion) -> bool:
-        return self.registry.default_version(mv.name) == mv.version
+        """Whether the lent worker may take the frontend's unversioned requests: never while
+        the model's versions share its traffic (core/traffic.py), or the lease would take them
+        past the split and the shadow copies."""
+        return (self.registry.traffic(mv.name) is None
+                and self.registry.default_version(mv.name) == mv.version)
 
     def available(self, worker: WorkerHandle) -> bool:
         """Whether the controller may send ``worker`` a batch: neither lent nor recalled."""

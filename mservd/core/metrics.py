@@ -155,6 +155,21 @@ class Metrics:
         self.batch_limit = Gauge("mservd_batch_size_limit", "The batch size a version's batcher "
                                  "takes now (set, or chosen by batchSize: auto).", MODEL,
                                  registry=r)
+        # versions that share traffic (core/traffic.py)
+        self.traffic_weight = Gauge("mservd_traffic_weight", "A version's share (percent) of its "
+                                    "model's unversioned requests under its traffic policy.",
+                                    MODEL, registry=r)
+        self.traffic_excluded = Counter("mservd_traffic_excluded", "Requests routed past a "
+                                        "weighted version left out of its model's traffic, by "
+                                        "why: no_worker, error_rate (its breaker is open).",
+                                        (*MODEL, "reason"), registry=r)
+        self.traffic_trips = Counter("mservd_traffic_trips", "Times a version's 5xx rate passed "
+                                     "its maxErrorRate and its traffic was taken away.", MODEL,
+                                     registry=r)
+        self.shadow_requests = Counter("mservd_shadow_requests", "Copies of requests for a "
+                                       "shadow version, by outcome: sent, dropped (refused), "
+                                       "ok or error (its answer, then discarded).",
+                                       (*MODEL, "outcome"), registry=r)
         self._versions: dict[tuple[str, str], VersionMetrics] = {}
         self._custom: dict[str, Any] = {}
         # what the dashboard reads (mservd/controller/overview.py): totals kept as plain numbers
@@ -176,6 +191,9 @@ class Metrics:
             self.classes[cls] += 1
         if vm is not None:
             vm.answered(status)
+
+    def shadowed(self, name: str, version: str, outcome: str) -> None:
+        self.shadow_requests.labels(name, version, outcome).inc()
 
     def event(self, kind: str, message: str, **fields: Any) -> None:
         """Remember a worker death or a refusal for the dashboard's log (the last EVENTS)."""
@@ -271,8 +289,14 @@ class Metrics:
 
         for gauge in (self.pending, self.running, self.live, self.memory, self.batch_limit,
                       self.fixed_cost, self.item_cost, self.fit_r2, self.advised_batch,
-                      self.kv_usage):
+                      self.kv_usage, self.traffic_weight):
             gauge.clear()  # a version unregistered since the last scrape shows no more
+        for name in registry.names():
+            policy = registry.traffic(name)
+            if policy is not None:
+                total = sum(policy.weights.values())
+                for version, weight in policy.weights.items():
+                    self.traffic_weight.labels(name, version).set(weight * 100.0 / total)
         for mv in registry.all_versions():
             self.pending.labels(mv.name, mv.version).set(len(mv.batcher))
             self.running.labels(mv.name, mv.version).set(running(mv))

@@ -20,6 +20,7 @@ from mservd.errors import Forbidden, ModelNotFound, ModelVersionNotFound
 
 if TYPE_CHECKING:
     from mservd.config import ModelSettings
+    from mservd.core.traffic import TrafficPolicy
     from mservd.core.worker_handle import WorkerHandle
 
 
@@ -124,6 +125,7 @@ class ModelVersion:
 class ModelEntry:
     versions: dict[str, ModelVersion] = field(default_factory=dict)
     default_version: str | None = None
+    traffic: TrafficPolicy | None = None  # versions sharing its unversioned requests
 
 
 class Registry:
@@ -172,6 +174,17 @@ class Registry:
             raise ModelNotFound(f"Model not found: {name}")
         return [entry.versions[v] for v in sorted(entry.versions, key=_version_key)]
 
+    def traffic(self, name: str) -> TrafficPolicy | None:
+        """How the model's unversioned requests are shared among its versions (None: all go
+        to the default version)."""
+        entry = self._models.get(name)
+        return entry.traffic if entry is not None else None
+
+    def set_traffic(self, name: str, policy: TrafficPolicy | None) -> None:
+        if name not in self._models:
+            raise ModelNotFound(f"Model not found: {name}")
+        self._models[name].traffic = policy
+
     def set_default(self, name: str, version: str) -> None:
         self.get(name, version)
         self._models[name].default_version = version
@@ -184,6 +197,11 @@ class Registry:
             raise Forbidden(
                 f"Cannot remove default version {mv.version} for model {name}. "
                 "Set another version as default first."
+            )
+        if entry.traffic is not None and mv.version in entry.traffic.versions():
+            raise Forbidden(
+                f"Cannot remove version {mv.version} of model {name}: its traffic policy names "
+                f"it. Change it with PUT /models/{name}/traffic, or DELETE it, first."
             )
         del entry.versions[mv.version]
         if not entry.versions:

@@ -31,6 +31,8 @@ version that is not lent is idle; what it runs on the lease it reports afterward
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from dataclasses import dataclass
 
 from mservd import protocol
@@ -40,6 +42,7 @@ from mservd.core.leases import Leases, Lend, Recall, Revoke
 from mservd.core.metrics import Metrics, VersionMetrics
 from mservd.core.registry import ModelVersion, Registry
 from mservd.core.sequences import ended_by
+from mservd.core.traffic import Traffic, TrafficPolicy
 from mservd.core.worker_handle import WorkerHandle
 from mservd.errors import (
     BadRequest,
@@ -51,6 +54,9 @@ from mservd.errors import (
 )
 from mservd.protocol import DESCRIPTION, EXPLANATION, PREDICTION
 
+# Who asked, for a shadow copy of a request (core/traffic.py): its answer is counted and
+# dropped, never sent to a frontend (whose names begin with a zero byte, or ipc://)
+SHADOW = b"shadow"
 SIZE_EVERY = 8  # batches between two sizings of an auto-batched version: enough to measure
 # a size tried (advisor.MIN_AT_SIZE) ...
 SIZE_INTERVAL = 0.1  # ... and at least these seconds: a fast model is not refitted per batch
@@ -154,62 +160,123 @@ class Scheduler:
         self.metrics = metrics
         self.running: dict[str, Running] = {}  # worker id -> its batch
         self.leases = Leases(registry)
+        self.traffic = Traffic(settings.traffic_error_window_s, settings.traffic_min_requests,
+                               settings.traffic_cooldown_s, random.random)
+        self.shadows: dict[bytes, tuple[str, str]] = {}  # a shadow copy's rid -> its version
 
     # -- requests ---------------------------------------------------------------------
 
     def submit(self, fid: bytes, route: protocol.Route, frames: list[bytes],
                now: float) -> list[Action]:
         """A new request: refused at once, or queued (and maybe sent straight to a worker)."""
-        mv, refused = self.enqueue(fid, route, frames, now)
-        return refused if mv is None else self.dispatch(mv, now)
+        mv, actions = self.enqueue(fid, route, frames, now)
+        return actions if mv is None else actions + self.dispatch(mv, now)
 
     def enqueue(self, fid: bytes, route: protocol.Route, frames: list[bytes],
                 now: float) -> tuple[ModelVersion | None, list[Action]]:
         """A new request, refused at once or queued: its version, to :meth:`dispatch` once
         every request that came with it is queued too (they may then share a batch), or
-        (None, its refusal)."""
+        (None, its refusal). A request naming no version of a model whose versions share its
+        traffic goes to the version its policy picks; with it come the actions of its shadow
+        copies, which never change its own answer."""
         mv = None
+        policy = self.registry.traffic(route.model) if route.version is None else None
         try:
-            mv = self.registry.get(route.model, route.version)
-            if not any(w.is_serving for w in mv.workers.values()):
-                raise NoWorker(f"No worker is available to serve model: {mv.name} "
-                               f"version: {mv.version}. Check its workers with "
-                               f"GET /models/{mv.name}/{mv.version}.")
-            # the frontend's send time, when sane: time in the pipe to here counts as waiting
-            sent = route.sent
-            arrived = sent if sent is not None and 0.0 <= now - sent < 60.0 else now
-            deadline = arrived + self.queue_timeout(mv, route)
-            self._admit(mv, now, arrived, deadline)
-            pending = Pending(route.rid, fid, frames, arrived, deadline,
-                              EXPLANATION if route.explain else PREDICTION)
-            if mv.settings.continuous_batching:
-                pending.ends_by = arrived + self.request_timeout(route)
-            if mv.settings.sequence_batching:
-                # an empty id, as none, opens a new sequence (TorchServe's rule, over HTTP
-                # and gRPC alike)
-                pending.sequence = route.sequence or None
-                pending.ends_sequence = route.ends_sequence
-                pending.client = route.client
-                if pending.sequence is not None and len(pending.sequence) > 256:
-                    raise BadRequest("The ts_request_sequence_id header must have at most 256 "
-                                     "characters.")
-                if pending.sequence is not None and ";" in pending.sequence:
-                    # a handler names the sequences it ends in one header, ';' between them:
-                    # one id with ';' in it could end other clients' sequences
-                    raise BadRequest("The ts_request_sequence_id header must not contain ';'.")
-                added = mv.sequences.add_to_sequence(pending, now,
-                                                   self.settings.max_sequences_per_client)
-            else:
-                added = mv.batcher.add(pending)
-            if not added:
-                raise QueueFull(
-                    f"Model {mv.name} version {mv.version} has {mv.batcher.capacity} requests "
-                    "queued (job_queue_size); retry later.",
-                    headers={"Retry-After": "1"})
+            mv = self.registry.get(route.model, route.version if policy is None
+                                   else self.route(route, policy, now))
+            self._queue(mv, fid, route, frames, now)
         except MservdError as exc:
             return None, [self.refuse(fid, route.rid, exc, mv, route.model)]
         self.metrics.version(mv.key).requests.inc()
+        if policy is not None and policy.shadow:
+            return mv, self._shadow(mv, route, policy, frames, now)
         return mv, []
+
+    def route(self, route: protocol.Route, policy: TrafficPolicy, now: float) -> str | None:
+        """The version an unversioned request of a model with a traffic policy goes to: a
+        stateful model's sequence stays on the version that opened it; otherwise the policy
+        picks among the versions with a live worker and no open breaker (None: the default
+        version, none being eligible)."""
+        versions = self.registry.versions(route.model)
+        if route.sequence:
+            for mv in versions:
+                if mv.settings.sequence_batching and mv.sequences.is_open(route.sequence):
+                    return mv.version
+        by_version = {mv.version: mv for mv in versions}
+
+        def eligible(version: str) -> bool:
+            mv = by_version.get(version)
+            if mv is None:
+                return False
+            if not any(w.is_serving for w in mv.workers.values()):
+                self.metrics.traffic_excluded.labels(mv.name, version, "no_worker").inc()
+                return False
+            if self.traffic.tripped(mv.key, now):
+                self.metrics.traffic_excluded.labels(mv.name, version, "error_rate").inc()
+                return False
+            return True
+
+        key = route.key or route.sequence  # a sequence's requests stay together
+        return self.traffic.choose(policy, list(by_version), eligible, key)
+
+    def _shadow(self, mv: ModelVersion, route: protocol.Route, policy: TrafficPolicy,
+                frames: list[bytes], now: float) -> list[Action]:
+        """Copies of an admitted request for the shadow versions its draws pick: the same
+        frames, answered to SHADOW (counted, then dropped). A copy refused is only counted."""
+        actions: list[Action] = []
+        for version in self.traffic.shadows(policy):
+            copy = dataclasses.replace(route, rid=route.rid + b"~s" + version.encode(),
+                                       version=version)
+            try:
+                shadow = self.registry.get(mv.name, version)
+                self._queue(shadow, SHADOW, copy, frames, now)
+            except MservdError:
+                self.metrics.shadowed(mv.name, version, "dropped")
+                continue
+            self.metrics.version(shadow.key).requests.inc()
+            self.metrics.shadowed(mv.name, version, "sent")
+            self.shadows[copy.rid] = shadow.key
+            actions += self.dispatch(shadow, now)
+        return actions
+
+    def _queue(self, mv: ModelVersion, fid: bytes, route: protocol.Route, frames: list[bytes],
+               now: float) -> None:
+        """Put one request in ``mv``'s queue, or raise what it is refused with."""
+        if not any(w.is_serving for w in mv.workers.values()):
+            raise NoWorker(f"No worker is available to serve model: {mv.name} "
+                           f"version: {mv.version}. Check its workers with "
+                           f"GET /models/{mv.name}/{mv.version}.")
+        # the frontend's send time, when sane: time in the pipe to here counts as waiting
+        sent = route.sent
+        arrived = sent if sent is not None and 0.0 <= now - sent < 60.0 else now
+        deadline = arrived + self.queue_timeout(mv, route)
+        self._admit(mv, now, arrived, deadline)
+        pending = Pending(route.rid, fid, frames, arrived, deadline,
+                          EXPLANATION if route.explain else PREDICTION)
+        if mv.settings.continuous_batching:
+            pending.ends_by = arrived + self.request_timeout(route)
+        if mv.settings.sequence_batching:
+            # an empty id, as none, opens a new sequence (TorchServe's rule, over HTTP
+            # and gRPC alike)
+            pending.sequence = route.sequence or None
+            pending.ends_sequence = route.ends_sequence
+            pending.client = route.client
+            if pending.sequence is not None and len(pending.sequence) > 256:
+                raise BadRequest("The ts_request_sequence_id header must have at most 256 "
+                                 "characters.")
+            if pending.sequence is not None and ";" in pending.sequence:
+                # a handler names the sequences it ends in one header, ';' between them:
+                # one id with ';' in it could end other clients' sequences
+                raise BadRequest("The ts_request_sequence_id header must not contain ';'.")
+            added = mv.sequences.add_to_sequence(pending, now,
+                                               self.settings.max_sequences_per_client)
+        else:
+            added = mv.batcher.add(pending)
+        if not added:
+            raise QueueFull(
+                f"Model {mv.name} version {mv.version} has {mv.batcher.capacity} requests "
+                "queued (job_queue_size); retry later.",
+                headers={"Retry-After": "1"})
 
     def ask(self, mv: ModelVersion, fid: bytes, rid: bytes, frames: list[bytes],
             now: float) -> list[Action]:

@@ -147,6 +147,11 @@ class SequenceQueue(Generic[T]):
         """The open sequences pinned to ``worker``."""
         return self._held[worker]
 
+    def is_open(self, sequence: str) -> bool:
+        """Whether ``sequence`` is one of this version's: a split model's requests that go on
+        with a sequence go to the version that opened it (core/traffic.py)."""
+        return sequence in self._sequences
+
     def open_count(self, now: float) -> int:
         """Sequences open now (the closed ones are forgotten on the way)."""
         self._close_expired(now)

@@ -231,3 +231,41 @@ def test_a_job_socket_message_round_trips_and_one_too_big_or_cut_short_is_refuse
     for cut in (whole[:2], whole[:-1]):
         with pytest.raises(protocol.ProtocolError):
             protocol.parse_job_message(cut)
+
+
+def test_protocol_route_carries_the_workflow_flag_and_the_traffic_key() -> None:
+    route = protocol.parse_route(protocol.prediction(
+        b"r", "m", None, None, protocol.CODEC_TORCHSERVE, [], {}, [], key="user-7")[1])
+    assert (route.workflow, route.key) == (False, "user-7")
+    route = protocol.parse_route(protocol.prediction(
+        b"r", "m", None, None, protocol.CODEC_TORCHSERVE, [], {}, [], workflow=True)[1])
+    assert (route.workflow, route.key) == (True, None)
+    for bad, wording in (([False, 7], "bad traffic key"), (["yes", None], "bad workflow flag")):
+        with pytest.raises(protocol.ProtocolError, match=wording):
+            protocol.parse_route(protocol.packb([b"r", "m", None, None, None, False, 1.0, 0,
+                                                 None, False, None, *bad]))
+    with pytest.raises(protocol.ProtocolError, match="13 with the workflow flag"):
+        protocol.parse_route(protocol.packb([b"r", "m", None, None, None, False, 1.0, 0, None,
+                                             False, None, False]))
+
+
+def test_protocol_routes_of_10_and_11_items_still_parse_without_a_key() -> None:
+    ten = protocol.parse_route(protocol.packb([b"r", "m", "1.0", None, None, False, 1.0, 0,
+                                               None, False]))
+    eleven = protocol.parse_route(protocol.packb([b"r", "m", "1.0", None, None, False, 1.0, 0,
+                                                  None, False, "10.0.0.1"]))
+    assert (ten.client, ten.workflow, ten.key) == (None, False, None)
+    assert (eleven.client, eleven.workflow, eleven.key) == ("10.0.0.1", False, None)
+
+
+def test_protocol_with_key_stamps_every_request_of_a_message_and_keeps_its_payloads() -> None:
+    payload = b"x" * 1000
+    message = protocol.predictions([
+        protocol.prediction(b"a", "m", None, None, protocol.CODEC_TORCHSERVE, [("body", "")],
+                            {}, [payload]),
+        protocol.prediction(b"b", "m", "2.0", None, protocol.CODEC_TORCHSERVE, [], {}, [])])
+    assert protocol.with_key(message, None) is message
+    keyed = list(protocol.parse_predictions(protocol.with_key(message, "user-7")[1:]))
+    assert [(r.rid, r.version, r.key) for r, _ in keyed] == [(b"a", None, "user-7"),
+                                                             (b"b", "2.0", "user-7")]
+    assert keyed[0][1][1] is payload

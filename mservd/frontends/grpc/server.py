@@ -77,9 +77,10 @@ async def serve(spec: GrpcFrontendSpec) -> None:
     inference = grpc.aio.server(options=options,
                                 interceptors=[*inference_guards, RefuseUndecodable()])
     inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(
-        InferenceAPIs(bridge, timeout, spec.auth, spec.write_timeout), inference)
+        InferenceAPIs(bridge, timeout, spec.auth, spec.write_timeout, spec.traffic_key_header),
+        inference)
     grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        GRPCInferenceService(bridge, timeout, spec.auth), inference)
+        GRPCInferenceService(bridge, timeout, spec.auth, spec.traffic_key_header), inference)
     management = grpc.aio.server(options=options,
                                  interceptors=[*management_guards, RefuseUndecodable()])
     management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server(

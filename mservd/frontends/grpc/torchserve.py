@@ -164,8 +164,9 @@ async def _parts(reply: Reply, named: Sequenced, out: asyncio.Queue,
 
 class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
     def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool,
-                 write_timeout: float) -> None:
+                 write_timeout: float, key_header: str = "x-traffic-key") -> None:
         self.bridge = bridge
+        self.key_header = key_header  # the metadata whose value routes among versions
         self.reply_timeout = reply_timeout
         self.auth = auth
         self.write_timeout = write_timeout  # for each answer of a stream (write_deadline.py)
@@ -316,7 +317,7 @@ class InferenceAPIs(inference_pb2_grpc.InferenceAPIsServiceServicer):
             rid, request.model_name, request.model_version or None, token,
             protocol.CODEC_TORCHSERVE, [(n, "application/octet-stream") for n in names],
             headers, [request.input[n] for n in names], timeout_ms=await deadline_ms(context),
-            client=peer_client(context))
+            client=peer_client(context), key=headers.get(self.key_header))
         return remembering(self.bridge, protocol.API_INFERENCE, token,
                            self.bridge.call(rid, frames, self.reply_timeout, stream))
 

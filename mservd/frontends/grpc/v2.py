@@ -183,8 +183,10 @@ def _length_prefixed(values: Any) -> bytes:
 
 
 class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool) -> None:
+    def __init__(self, bridge: AsyncBridge, reply_timeout: float, auth: bool,
+                 key_header: str = "x-traffic-key") -> None:
         self.bridge = bridge
+        self.key_header = key_header  # the metadata whose value routes among versions
         self.reply_timeout = reply_timeout
         self.auth = auth
         # large typed contents: converted one request at a time, on one thread (one more
@@ -250,10 +252,12 @@ class GRPCInferenceService(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         rid = str(uuid.uuid4()).encode()
         token = metadata_token(context, self.auth)
+        headers = forwarded_metadata(context)
         frames = protocol.prediction(
             rid, request.model_name, request.model_version or None, token, protocol.CODEC_V2,
-            [("v2", content_type(header_length))], forwarded_metadata(context), [body],
-            timeout_ms=await deadline_ms(context), client=peer_client(context))
+            [("v2", content_type(header_length))], headers, [body],
+            timeout_ms=await deadline_ms(context), client=peer_client(context),
+            key=headers.get(self.key_header))
         reply = await ask(context, remembering(
             self.bridge, protocol.API_INFERENCE, token,
             self.bridge.call(rid, frames, self.reply_timeout)))

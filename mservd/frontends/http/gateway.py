@@ -41,6 +41,7 @@ class Gateway:
         self.max_request_size = spec.max_request_size
         self.reply_timeout = spec.reply_timeout
         self.body_timeout = spec.body_timeout
+        self.key_header = spec.traffic_key_header  # its value routes among versions
         self.door = Door(spec.max_queue_wait_ms / 1000.0)
         # its timer runs only for a rule that needs it: otherwise it woke every frontend 200
         # times a second, idle or not (~12 ms of CPU a second each), preempting the workers
@@ -78,7 +79,9 @@ class Gateway:
             payload = await request.body(self.max_request_size, self.body_timeout)
             rid_text = str(uuid.uuid4())
             rid = rid_text.encode()
-            message = frames(rid, payload)
+            # every protocol's routes get the traffic key here, the one way they all pass
+            message = protocol.with_key(frames(rid, payload),
+                                        request.headers.get(self.key_header))
             request.on_hang_up(lambda: self.bridge.cancel(rid))
             self.shedder.busy += 1
             try:
