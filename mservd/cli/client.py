@@ -67,13 +67,16 @@ class Client:
     token: str | None
     certificate_file: str | None = None  # the daemon's, trusted over https (mservd/config/tls.py)
 
-    def call(self, method: str, path: str, params: dict[str, Any] | None = None) -> Any:
-        """The management API's JSON answer; ``ApiError`` for an error status."""
+    def call(self, method: str, path: str, params: dict[str, Any] | None = None,
+             body: Any = None) -> Any:
+        """The management API's JSON answer; ``ApiError`` for an error status. ``body``,
+        if any, is sent as JSON."""
         if not self.management_url:
             raise ClientError("No management address: pass --management-url or --log-dir of a "
                               "running daemon.")
         status, body, _ = self._request(method, self.management_url, path, params, self.token,
-                                        self.certificate_file)
+                                        self.certificate_file,
+                                        None if body is None else json.dumps(body).encode())
         try:
             doc = json.loads(body) if body else None
         except ValueError:
@@ -101,7 +104,7 @@ class Client:
 
     @staticmethod
     def _request(method: str, base: str, path: str, params: dict[str, Any] | None,
-                 token: str | None, certificate_file: str | None
+                 token: str | None, certificate_file: str | None, data: bytes | None = None
                  ) -> tuple[int, bytes, dict[str, str]]:
         url = base.rstrip("/") + path
         query = {k: _query_value(v) for k, v in (params or {}).items() if v is not None}
@@ -110,7 +113,9 @@ class Client:
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        request = urllib.request.Request(url, method=method, headers=headers)
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(url, data, method=method, headers=headers)
         try:
             context = client_context(certificate_file) if url.startswith("https:") else None
             with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=context) as answer:
@@ -508,6 +513,60 @@ def unregister_command(client: Client, model: str, version: str | None, as_json:
 def set_default_command(client: Client, model: str, version: str, as_json: bool) -> None:
     """Make VERSION the version that answers MODEL's requests."""
     _print_status(client.call("PUT", _path(model, version) + "/set-default"), as_json)
+
+
+def _version_numbers(pairs: Sequence[str], what: str) -> dict[str, float]:
+    """``VERSION=NUMBER`` arguments as {version: number}; a bad one is a usage error."""
+    out: dict[str, float] = {}
+    for pair in pairs:
+        version, _, number = pair.partition("=")
+        try:
+            out[version] = float(number)
+        except ValueError:
+            raise click.BadParameter(f"{pair!r} is not VERSION=NUMBER (e.g. 2.0=10).",
+                                     param_hint=what) from None
+        if not version:
+            raise click.BadParameter(f"{pair!r} names no version.", param_hint=what)
+    return out
+
+
+@models_group.command("traffic")
+@click.argument("model")
+@click.argument("weights", nargs=-1, metavar="[VERSION=WEIGHT]...")
+@click.option("--sticky", is_flag=True, help="One traffic key (the x-traffic-key header, "
+              "traffic_key_header) always sees one version.")
+@click.option("--shadow", multiple=True, metavar="VERSION=PERCENT",
+              help="Copy this share of requests to VERSION; its answers are discarded.")
+@click.option("--max-error-rate", multiple=True, metavar="VERSION=RATE",
+              help="Take VERSION's traffic away while its 5xx rate passes RATE (0..1).")
+@click.option("--clear", is_flag=True, help="Remove the policy: the default version serves.")
+@client_options()
+@json_option
+def traffic_command(client: Client, model: str, weights: tuple[str, ...], sticky: bool,
+                    shadow: tuple[str, ...], max_error_rate: tuple[str, ...], clear: bool,
+                    as_json: bool) -> None:
+    """Share MODEL's unversioned requests among its versions (mservd models traffic m
+    1.0=90 2.0=10), remove the policy (--clear), or show it and each version's state (no
+    WEIGHT)."""
+    path = _path(model) + "/traffic"
+    if clear:
+        _print_status(client.call("DELETE", path), as_json)
+        return
+    if weights:
+        document = {"weights": _version_numbers(weights, "WEIGHT"), "sticky": sticky,
+                    "shadow": _version_numbers(shadow, "--shadow"),
+                    "maxErrorRate": _version_numbers(max_error_rate, "--max-error-rate")}
+        _print_status(client.call("PUT", path, body=document), as_json)
+        return
+    doc = client.call("GET", path)
+    if as_json:
+        _print_json(doc)
+        return
+    click.echo(f"{model}: {'sticky ' if doc.get('sticky') else ''}"
+               f"{'policy' if doc.get('policy') else 'no policy (the default version serves)'}")
+    click.echo(_table(["VERSION", "SHARE %", "SHADOW %", "STATE", "ERROR RATE", "LIVE"], [
+        [v["modelVersion"], v["share"], v.get("shadowPercent", "-"), v["state"],
+         v.get("errorRate", "-"), v["liveWorkers"]] for v in doc["versions"]], indent="  "))
 
 
 # -- metrics -----------------------------------------------------------------------------

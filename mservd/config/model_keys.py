@@ -13,7 +13,9 @@ from mservd.config.convert import (
     Problems,
     above,
     at_least,
+    between,
     chain,
+    converter_for,
     to_bool,
     to_int,
 )
@@ -87,6 +89,18 @@ TORCHSERVE_KEYS_NOT_APPLIED = {
 MODELS_BLOCK_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
     {**MODEL_YAML_KEYS, "defaultVersion": ("default_version", to_bool)}
 )
+# the models= block's keys of a version's share of its model's traffic (core/traffic.py;
+# stickyTraffic true on any version makes the model's policy sticky), apart from the settings
+# above: they make the model's policy, not the version's settings
+_to_float = converter_for(float)
+TRAFFIC_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
+    {
+        "trafficWeight": ("weights", chain(_to_float, at_least(0))),
+        "shadowPercent": ("shadow", chain(_to_float, between(0, 100))),
+        "maxErrorRate": ("maxErrorRate", chain(_to_float, between(0, 1))),
+        "stickyTraffic": ("sticky", to_bool),
+    }
+)
 # the management API's query names (register and scale-workers calls)
 API_KEYS: Mapping[str, tuple[str, Convert]] = types.MappingProxyType(
     {
@@ -124,6 +138,26 @@ def convert_layer(
     return values
 
 
+def traffic_of_models_block(models: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The traffic policy documents the ``models=`` block gives (TRAFFIC_KEYS), by model;
+    a model none of whose versions has a trafficWeight has none."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, versions in models.items():
+        document: dict[str, Any] = {"weights": {}, "sticky": False, "shadow": {},
+                                    "maxErrorRate": {}}
+        for version, entry in versions.items():
+            values = convert_layer(entry, TRAFFIC_KEYS, f"model {name!r} version {version!r}",
+                                   [], {})
+            for field, value in values.items():
+                if field == "sticky":
+                    document["sticky"] = document["sticky"] or value
+                else:
+                    document[field][version] = value
+        if document["weights"]:
+            out[name] = document
+    return out
+
+
 def valid_models_block(value: dict[str, Any]) -> dict[str, Any]:
     """The ``models=`` block must be {name: {version: {setting: value}}}; values are checked too,
     so a bad entry is reported at start-up rather than when the model loads."""
@@ -140,6 +174,7 @@ def valid_models_block(value: dict[str, Any]) -> dict[str, Any]:
                 problems.append(f"{where} must be an object of settings, got {kind}")
                 continue
             convert_layer(entry, MODELS_BLOCK_KEYS, where, problems, {})
+            convert_layer(entry, TRAFFIC_KEYS, where, problems, {})
     if problems:
         raise Problems(problems)
     return value

@@ -27,6 +27,7 @@ from typing import Any
 from mservd import __version__
 from mservd.auth import KeyStore
 from mservd.config import Settings, parse_address, tls
+from mservd.config.model_keys import traffic_of_models_block
 from mservd.controller import snapshot
 from mservd.controller.frontend_processes import Frontends
 from mservd.controller.log_rotation import LogRotation
@@ -285,7 +286,7 @@ class Daemon:
             frontends.start()
             rotation.start()
             controller.on_stopped = frontends.stop
-            registrations, defaults = self.startup_registrations()
+            registrations, defaults, traffic = self.startup_registrations()
             controller.startup_pending = len(registrations)
             results: dict[str, Any] = {}
 
@@ -293,6 +294,8 @@ class Daemon:
                 for name, version in defaults.items():
                     if controller.registry.has_version(name, version):
                         controller.registry.set_default(name, version)
+                for problem in controller.management.restore_traffic(traffic):
+                    self.warnings.append(problem)
                 controller.registry_changed()
                 if self.failure is not None:  # a frontend died while the models loaded
                     return
@@ -352,22 +355,26 @@ class Daemon:
             return 1
         return 0
 
-    def startup_registrations(self) -> tuple[list[dict[str, Any]], dict[str, str]]:
-        """Register calls for the start: the newest good snapshot, else ``load_models``."""
+    def startup_registrations(self) -> tuple[list[dict[str, Any]], dict[str, str],
+                                             dict[str, Any]]:
+        """Register calls for the start: the newest good snapshot, else ``load_models``;
+        with each model's default version and traffic policy (the ``models=`` block's when
+        no snapshot says)."""
         if self.settings.snapshot:
             restore = snapshot.load_latest(self.log_dir)
             self.warnings.extend(restore.problems)
             if restore.path is not None:
                 log.info("restoring %d model versions from snapshot %s",
                          len(restore.registrations), restore.path.name)
-                return restore.registrations, restore.defaults
+                return (restore.registrations, restore.defaults,
+                        {**traffic_of_models_block(self.settings.models), **restore.traffic})
         registrations = []
         for name, url in startup_models(self.settings):
             args = {"url": url, "synchronous": "true"}
             if name:
                 args["model_name"] = name
             registrations.append(args)
-        return registrations, {}
+        return registrations, {}, traffic_of_models_block(self.settings.models)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_signal = True  # the loop sees it within one turn

@@ -25,7 +25,8 @@ from mservd.controller.waiter import Waiter
 from mservd.core.advisor import advise
 from mservd.core.metrics import kv_cache_tokens
 from mservd.core.registry import ModelVersion
-from mservd.errors import BadRequest, MethodNotAllowed, ResourceNotFound
+from mservd.core.traffic import TrafficPolicy
+from mservd.errors import BadRequest, MethodNotAllowed, MservdError, ResourceNotFound
 from mservd.protocol import Reply
 
 log = logging.getLogger(__name__)
@@ -207,6 +208,9 @@ class Management:
                 **fit.to_dict(), "measured": [m.to_dict() for m in measured.values()],
                 "advice": advise(fit, mv.settings.latency_target, mv.largest_batch(),
                                  measured).to_dict()}
+        policy = self.ctl.registry.traffic(mv.name)
+        if policy is not None and mv.version in policy.versions():
+            out["traffic"] = self.traffic_state(mv, policy)
         if mv.load_error:
             out["loadError"] = mv.load_error
         return out
@@ -247,6 +251,96 @@ class Management:
         self.ctl.registry_changed()
         return Reply(200, {"status": f'Default version successfully updated for model "{name}" '
                                      f'to "{version}"'})
+
+    # -- versions that share traffic (core/traffic.py) ------------------------------------
+
+    def op_set_traffic(self, args: dict[str, Any], respond: Respond):
+        """``PUT /models/{m}/traffic``: the model's unversioned requests are shared among its
+        versions as the document says, from now on."""
+        name = args["model"]
+        versions = self.ctl.registry.versions(name)
+        text = args.get("traffic")
+        try:
+            document = json.loads(text) if isinstance(text, str) else None
+        except ValueError as exc:
+            raise BadRequest(f"The traffic document is not JSON: {exc}. Send e.g. "
+                             '{"1.0": 90, "2.0": 10}.') from None
+        policy = TrafficPolicy.parse(name, document, [mv.version for mv in versions],
+                                     any(mv.settings.sequence_batching for mv in versions))
+        self._traffic_changed(name, policy)
+        log.info("traffic of model %s set: %s", name, policy.summary())
+        return Reply(200, {"status": f'Traffic of model "{name}" set: {policy.summary()}'})
+
+    def op_describe_traffic(self, args: dict[str, Any], respond: Respond):
+        """``GET /models/{m}/traffic``: the policy, and how each version stands under it."""
+        name = args["model"]
+        registry = self.ctl.registry
+        versions = registry.versions(name)
+        policy = registry.traffic(name)
+        default = registry.default_version(name)
+        shown = policy or TrafficPolicy({default: 100.0} if default else {})
+        return Reply(200, {"modelName": name, "policy": policy is not None,
+                           **shown.document(),
+                           "versions": [{"modelVersion": mv.version,
+                                         **self.traffic_state(mv, shown)} for mv in versions]})
+
+    def op_clear_traffic(self, args: dict[str, Any], respond: Respond):
+        """``DELETE /models/{m}/traffic``: only the default version serves again."""
+        name = args["model"]
+        self.ctl.registry.versions(name)  # 404 for an unknown model
+        self._traffic_changed(name, None)
+        log.info("traffic policy of model %s removed", name)
+        return Reply(200, {"status": f'Traffic of model "{name}" removed: its default version '
+                                     f"{self.ctl.registry.default_version(name)} serves every "
+                                     "unversioned request"})
+
+    def restore_traffic(self, documents: dict[str, Any]) -> list[str]:
+        """At start: each model's policy (a snapshot's or the ``models=`` block's), once its
+        versions are loaded; what could not be applied, as warnings."""
+        problems = []
+        for name, document in documents.items():
+            try:
+                self.op_set_traffic({"model": name, "traffic": json.dumps(document)},
+                                    lambda reply: None)
+            except MservdError as exc:
+                problems.append(f"the traffic policy of model {name} was not applied: "
+                                f"{exc.message}")
+                log.error(problems[-1])
+        return problems
+
+    def _traffic_changed(self, name: str, policy: TrafficPolicy | None) -> None:
+        self.ctl.registry.set_traffic(name, policy)
+        self.ctl.scheduler.traffic.forget(name)  # breakers start afresh under a new policy
+        self.ctl.default_changed(name)  # no lease may take its unversioned requests now
+        self.ctl.registry_changed()
+
+    def traffic_state(self, mv: ModelVersion, policy: TrafficPolicy) -> dict[str, Any]:
+        """One version under ``policy``: its weight and share, shadow percent, bound, and
+        state (serving, no live worker, tripped until ..., half-open, unweighted)."""
+        total = sum(policy.weights.values()) or 1.0
+        weight = policy.weights.get(mv.version, 0.0)
+        now = time.monotonic()
+        health = self.ctl.scheduler.traffic.health.get(mv.key)
+        if mv.version in policy.shadow:
+            state = "shadow"
+        elif weight <= 0:
+            state = "unweighted"
+        elif mv.live_count() == 0:
+            state = "no live worker"
+        elif health is not None and health.open(now):
+            assert health.tripped_until is not None
+            state = f"tripped until {_iso_millis(time.time() + health.tripped_until - now)}"
+        else:
+            state = health.state(now) if health is not None else "closed"
+            state = "serving" if state == "closed" else state
+        out: dict[str, Any] = {"weight": weight, "share": round(weight * 100.0 / total, 3),
+                               "state": state, "liveWorkers": mv.live_count()}
+        if mv.version in policy.shadow:
+            out["shadowPercent"] = policy.shadow[mv.version]
+        if mv.version in policy.max_error_rate:
+            out["maxErrorRate"] = policy.max_error_rate[mv.version]
+            out["errorRate"] = round(health.rate, 4) if health is not None else 0.0
+        return out
 
     def op_authorize(self, args: dict[str, Any], respond: Respond):
         """Nothing but the key check the controller makes before every verb (VERB_KEYS): a

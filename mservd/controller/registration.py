@@ -149,7 +149,13 @@ class Registration:
         self.serve(name, version, folder.path, folder.manifest, folder.model_yaml, owned=False)
 
     def taken(self, name: str, version: str) -> bool:
-        """Answer 409 if the version is registered or loading already."""
+        """Answer 409 if the version is registered or loading already (400 for a version
+        named ``traffic``: /models/{m}/traffic is the model's traffic policy)."""
+        if version == "traffic":
+            self.respond(Reply.error(BadRequest(
+                f"Model {name} cannot have a version named 'traffic': /models/{name}/traffic "
+                "is its traffic policy. Archive it with another --version.")))
+            return True
         if self.ctl.registry.has_version(name, version) or (name, version) in self.ctl.loading:
             self.respond(Reply.error(Conflict(
                 f"Model version {version} is already registered for model {name}")))

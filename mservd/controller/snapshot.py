@@ -12,7 +12,7 @@ import datetime as dt
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,9 @@ def capture(registry: Registry) -> dict[str, Any]:
             versions[mv.version] = {"url": mv.url, "handler": mv.handler_override,
                                     **mv.settings_document()}
         models[name] = {"defaultVersion": registry.default_version(name), "versions": versions}
+        policy = registry.traffic(name)
+        if policy is not None:  # applied again once its versions are back (Restore.traffic)
+            models[name]["traffic"] = policy.document()
     return {"created": dt.datetime.now(dt.UTC).isoformat(), "models": models}
 
 
@@ -61,26 +64,31 @@ def write(log_dir: Path, document: dict[str, Any]) -> Path:
 
 @dataclass(frozen=True)
 class Restore:
-    """Register calls to replay, the default version of each model, and what was skipped."""
+    """Register calls to replay, the default version and traffic policy of each model, and
+    what was skipped."""
 
     path: Path | None
     registrations: list[dict[str, Any]]
     defaults: dict[str, str]
     problems: list[str]
+    traffic: dict[str, Any] = field(default_factory=dict)  # model -> its policy document
 
 
 def load_latest(log_dir: Path) -> Restore:
     problems: list[str] = []
     for path in sorted(folder(log_dir).glob(f"*{SUFFIX}"), reverse=True):
         try:
-            registrations, defaults = _parse(json.loads(path.read_text()))
+            document = json.loads(path.read_text())
+            registrations, defaults = _parse(document)
+            traffic = {name: model["traffic"] for name, model in document["models"].items()
+                       if isinstance(model.get("traffic"), dict)}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             message = f"snapshot {path.name} is unreadable ({type(exc).__name__}: {exc}); " \
                       "trying the one before it"
             log.error(message)
             problems.append(message)
             continue
-        return Restore(path, registrations, defaults, problems)
+        return Restore(path, registrations, defaults, problems, traffic)
     return Restore(None, [], {}, problems)
 
 

@@ -101,7 +101,7 @@ def _per_version(model: str, name: str, value: Any, known: list[str], low: float
             raise BadRequest(f'Field "{name}": model {model} has no version {version!r}. '
                              f"Available: {', '.join(repr(v) for v in known)}.")
         if (isinstance(number, bool) or not isinstance(number, (int, float))
-                or math.isnan(number) or not low <= number <= high):
+                or not math.isfinite(number) or not low <= number <= high):
             bound = "at least 0" if high == math.inf else f"from {_number(low)} to {_number(high)}"
             raise BadRequest(f'Field "{name}": version {version} must be a number {bound}, got '
                              f"{number!r}.")

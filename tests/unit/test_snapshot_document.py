@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from mservd.config import Settings, resolve_model_settings
+from mservd.config.convert import Problems
+from mservd.config.model_keys import traffic_of_models_block, valid_models_block
 from mservd.controller import snapshot
 from mservd.core.registry import ModelVersion, Registry
+from mservd.core.traffic import TrafficPolicy
 
 
 def version(name: str, yaml: dict) -> ModelVersion:
@@ -41,3 +46,31 @@ def test_a_snapshot_names_a_handler_only_when_the_register_call_did() -> None:
     registrations, _ = snapshot._parse(snapshot.capture(registry))
     handlers = {r["model_name"]: r["handler"] for r in registrations}
     assert handlers == {"own": None, "named": "other.py:handle"}
+
+
+def test_a_snapshot_keeps_a_models_traffic_policy_and_load_latest_gives_it_back(tmp_path) -> None:
+    registry = Registry()
+    registry.add(version("plain", {}))
+    registry.add(version("split", {}))
+    policy = TrafficPolicy({"1.0": 9}, sticky=True, max_error_rate={"1.0": 0.25})
+    registry.set_traffic("split", policy)
+    document = snapshot.capture(registry)
+    assert "traffic" not in document["models"]["plain"]
+    assert document["models"]["split"]["traffic"] == policy.document()
+    snapshot.write(tmp_path, document)
+    restored = snapshot.load_latest(tmp_path)
+    assert restored.traffic == {"split": policy.document()}
+    assert TrafficPolicy.parse("split", restored.traffic["split"], ["1.0"]) == policy
+
+
+def test_the_models_block_traffic_keys_make_a_policy_document() -> None:
+    models = {"m": {"1.0": {"trafficWeight": 90}, "2.0": {"trafficWeight": "10",
+                                                         "maxErrorRate": 0.2},
+                    "3.0": {"shadowPercent": 25, "stickyTraffic": True}},
+              "plain": {"1.0": {"defaultVersion": True}}}
+    assert valid_models_block(models) is models
+    assert traffic_of_models_block(models) == {"m": {
+        "weights": {"1.0": 90.0, "2.0": 10.0}, "sticky": True, "shadow": {"3.0": 25.0},
+        "maxErrorRate": {"2.0": 0.2}}}
+    with pytest.raises(Problems, match="trafficWeight"):
+        valid_models_block({"m": {"1.0": {"trafficWeight": "lots"}}})

@@ -60,6 +60,7 @@ def test_the_full_document_round_trips() -> None:
     ({"weights": {"1.0": 1}, "sticky": "yes"}, 'Field "sticky" must be true or false'),
     ({"weights": {"1.0": 1}, "mirror": {}}, "Unknown traffic field 'mirror'."),
     ([90, 10], "must be a JSON object"),
+    ({"1.0": float("inf")}, 'version 1.0 must be a number at least 0, got inf.'),
 ])
 def test_a_bad_policy_is_refused_naming_its_field(doc, wording: str) -> None:
     with pytest.raises(BadRequest) as caught:

@@ -17,7 +17,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PROTOS = HERE / "protos"
 GENERATED = HERE / "generated"
-PROTO_FILES = ("inference.proto", "management.proto", "grpc_predict_v2.proto")
+PROTO_FILES = ("inference.proto", "management.proto", "grpc_predict_v2.proto",
+               "mservd_management.proto")
 PACKAGE = "mservd.frontends.grpc.generated"
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Stateless like the HTTP frontend: every RPC becomes a controller message over the same ZeroMQ
 endpoint. Two grpc.aio servers on 127.0.0.1: the inference port serves
 ``InferenceAPIsService`` and ``inference.GRPCInferenceService``, the management port
-``ManagementAPIsService``. Ports may be 0; once bound, the process writes the addresses to
+``ManagementAPIsService`` and mservd's own ``mservd.TrafficAPIs`` (``traffic.py``). Ports may be 0; once bound, the process writes the addresses to
 ``ports_file`` (atomically) so the daemon can put them in its state file.
 
 Run as ``python -m mservd.frontends.grpc.server SPEC_JSON``; the daemon writes the spec. TERM
@@ -28,9 +28,11 @@ from mservd.frontends.grpc.generated import (
     grpc_predict_v2_pb2_grpc,
     inference_pb2_grpc,
     management_pb2_grpc,
+    mservd_management_pb2_grpc,
 )
 from mservd.frontends.grpc.strangers import RefuseStrangers
 from mservd.frontends.grpc.torchserve import InferenceAPIs, ManagementAPIs
+from mservd.frontends.grpc.traffic import TrafficAPIs
 from mservd.frontends.grpc.undecodable import RefuseUndecodable
 from mservd.frontends.grpc.v2 import GRPCInferenceService
 from mservd.process.log_format import log_to_stderr
@@ -83,8 +85,10 @@ async def serve(spec: GrpcFrontendSpec) -> None:
         GRPCInferenceService(bridge, timeout, spec.auth, spec.traffic_key_header), inference)
     management = grpc.aio.server(options=options,
                                  interceptors=[*management_guards, RefuseUndecodable()])
-    management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server(
-        ManagementAPIs(bridge, spec.auth), management)
+    management_apis = ManagementAPIs(bridge, spec.auth)
+    management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server(management_apis, management)
+    mservd_management_pb2_grpc.add_TrafficAPIsServicer_to_server(TrafficAPIs(management_apis),
+                                                                 management)
     credentials = None
     if spec.certificate_file:  # enable_grpc_ssl (mservd/config/tls.py checked the files at start)
         credentials = grpc.ssl_server_credentials([(

@@ -127,5 +127,19 @@ def set_default(call: Call, model_name: str, model_version: str) -> Response:
     return call("set_default", model_and_version(model_name, model_version))
 
 
+def set_traffic(call: Call, model_name: str) -> Response:
+    # the text travels, not its values: msgpack cannot carry every number JSON can
+    text = request.get_data().decode("utf-8", "replace")
+    return call("set_traffic", {**model_and_version(model_name), "traffic": text})
+
+
+def describe_traffic(call: Call, model_name: str) -> Response:
+    return call("describe_traffic", model_and_version(model_name))
+
+
+def clear_traffic(call: Call, model_name: str) -> Response:
+    return call("clear_traffic", model_and_version(model_name))
+
+
 def rotate_key(call: Call) -> Response:
     return call("token", {"type": request.args.get("type")})

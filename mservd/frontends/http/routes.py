@@ -457,6 +457,29 @@ def _model_management(versioned: bool) -> list[Route]:
     ]
 
 
+_TRAFFIC_DOC = {"type": "object", "description": (
+    'Weights alone, {"1.0": 90, "2.0": 10}, or the whole policy: {"weights": {version: weight}, '
+    '"sticky": bool, "shadow": {version: percent}, "maxErrorRate": {version: 0..1}}.'),
+    "additionalProperties": True}
+# mservd's own (TorchServe cannot split traffic): the static segment outranks {model_version}
+_TRAFFIC = [
+    Route("PUT", "/models/{model_name}/traffic", management.set_traffic, Operation(
+        "setTraffic", "Share the model's unversioned requests among its versions by weight, "
+        "optionally sticky by the traffic key header, with shadow copies and error bounds.",
+        {"200": json_answer("Traffic set.", STATUS), **errors(400, 401, 404, 503)},
+        model_params(False), body={"required": True, "content": {"application/json": {
+            "schema": _TRAFFIC_DOC}}})),
+    Route("GET", "/models/{model_name}/traffic", management.describe_traffic, Operation(
+        "describeTraffic", "The model's traffic policy and each version's state under it.",
+        {"200": json_answer("The policy (policy: false: the default version takes all).",
+                            {"type": "object"}), **errors(400, 401, 404, 503)},
+        model_params(False))),
+    Route("DELETE", "/models/{model_name}/traffic", management.clear_traffic, Operation(
+        "clearTraffic", "Remove the policy: the default version serves every unversioned "
+        "request again.", {"200": json_answer("Traffic removed.", STATUS),
+                           **errors(400, 401, 404, 503)}, model_params(False))),
+]
+
 MANAGEMENT = [
     *_descriptions(_describe_management),
     Route("POST", "/models", management.register, Operation(
@@ -494,6 +517,7 @@ MANAGEMENT = [
           Operation("setDefaultVersion", "Make the version the model's default.", {
               "200": json_answer("Default version updated.", STATUS),
               **errors(400, 401, 404, 503)}, model_params(True))),
+    *_TRAFFIC,
     Route("GET", "/token", management.rotate_key, Operation(
         "rotateKey", "Replace the inference or management key; authorize with the API key.", {
             "200": json_answer("The new key.", {
