@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import collections
 import json
+import statistics
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import requests
-from conftest import write_archive
+from conftest import wait_until, write_archive
 
 MODEL = "split"
 
@@ -211,3 +213,50 @@ def test_grpc_sets_traffic_and_a_key_in_metadata_sticks_as_the_http_header_does(
     answer = traffic.ClearTraffic(mservd_management_pb2.ClearTrafficRequest(model_name=MODEL),
                                   metadata=mkey, timeout=30)
     assert "removed" in json.loads(answer.msg)["status"]
+
+
+def caller_latencies(daemon, count: int) -> list[float]:
+    """``count`` unversioned predictions one after another: each one's seconds (all 200s
+    from version 1.0)."""
+    out = []
+    for _ in range(count):
+        started = time.perf_counter()
+        answer = daemon.predict(MODEL, data=b"1")
+        out.append(time.perf_counter() - started)
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"version": "1.0"}
+    return out
+
+
+def shadow_count(daemon, version: str, outcome: str) -> float:
+    return daemon.metrics().get(
+        f'mservd_shadow_requests_total{{model_name="{MODEL}",model_version="{version}",'
+        f'outcome="{outcome}"}}', 0.0)
+
+
+def test_a_shadow_that_sleeps_or_fails_changes_nothing_for_the_caller_and_is_counted(
+        daemon_factory, split_store) -> None:
+    daemon = split_daemon(daemon_factory, versions=("1.0", "3.0", "4.0"),
+                          lend_idle_workers="false")  # both runs through the controller
+    caller_latencies(daemon, 10)  # warm
+    alone = statistics.median(caller_latencies(daemon, 40))
+    assert put_traffic(daemon, {"weights": {"1.0": 1}, "shadow": {"3.0": 100, "4.0": 100}}
+                       ).status_code == 200
+    shadowed = statistics.median(caller_latencies(daemon, 40))
+    # 3.0 sleeps 2 s a batch and 4.0 fails every one: had either touched the caller, its
+    # median would be seconds or its answers errors. 5 ms: two shared cores' noise
+    assert shadowed <= 2 * alone + 0.005, (alone, shadowed)
+    for version in ("3.0", "4.0"):
+        copies = shadow_count(daemon, version, "sent") + shadow_count(daemon, version,
+                                                                      "dropped")
+        assert copies == 40, (version, copies)
+    sent = shadow_count(daemon, "4.0", "sent")
+    wait_until(lambda: shadow_count(daemon, "4.0", "error") == sent, 30,
+               "the failing shadow's answers to be counted")
+    wait_until(lambda: shadow_count(daemon, "3.0", "ok") >= 8, 30,
+               "the sleeping shadow's first batch to be counted")
+    assert shadow_count(daemon, "4.0", "ok") == 0
+    served = daemon.metrics()[
+        f'ts_inference_requests_total{{model_name="{MODEL}",model_version="4.0"}}']
+    assert served == sent  # a copy counts as a request of the version that served it
+    assert daemon.describe(MODEL, "3.0")[0]["traffic"]["state"] == "shadow"
