@@ -228,8 +228,20 @@ class Controller:
         self.supervisor.time_out_starting(now)
         self.reconcile_pools(now)
         self.perform(self.scheduler.tick(now))
+        self.review_traffic(now)
         self.check_waiters(now)
         self.cleanup_retired()
+
+    def review_traffic(self, now: float) -> None:
+        """Versions whose 5xx rate passed their traffic policy's bound lose their traffic for
+        a cooldown (core/traffic.py): said in the log and the dashboard's events."""
+        for name, version, rate in self.scheduler.review_traffic(now):
+            cooldown = self.scheduler.traffic.health_of((name, version)).tripped_until
+            message = (f"traffic of model {name} version {version} tripped: {rate:.0%} of its "
+                       f"answers were 5xx; it gets none for {(cooldown or now) - now:.1f} s, "
+                       "then its weight back")
+            log.warning(message)
+            self.metrics.event("traffic tripped", message, model=name, version=version)
 
     def perform(self, actions: Sequence[Action]) -> None:
         """Carry out what the scheduler decided: the controller's only sends of requests.

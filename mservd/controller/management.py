@@ -25,7 +25,7 @@ from mservd.controller.waiter import Waiter
 from mservd.core.advisor import advise
 from mservd.core.metrics import kv_cache_tokens
 from mservd.core.registry import ModelVersion
-from mservd.core.traffic import TrafficPolicy
+from mservd.core.traffic import TrafficPolicy, version_state
 from mservd.errors import BadRequest, MethodNotAllowed, MservdError, ResourceNotFound
 from mservd.protocol import Reply
 
@@ -315,32 +315,8 @@ class Management:
         self.ctl.registry_changed()
 
     def traffic_state(self, mv: ModelVersion, policy: TrafficPolicy) -> dict[str, Any]:
-        """One version under ``policy``: its weight and share, shadow percent, bound, and
-        state (serving, no live worker, tripped until ..., half-open, unweighted)."""
-        total = sum(policy.weights.values()) or 1.0
-        weight = policy.weights.get(mv.version, 0.0)
-        now = time.monotonic()
-        health = self.ctl.scheduler.traffic.health.get(mv.key)
-        if mv.version in policy.shadow:
-            state = "shadow"
-        elif weight <= 0:
-            state = "unweighted"
-        elif mv.live_count() == 0:
-            state = "no live worker"
-        elif health is not None and health.open(now):
-            assert health.tripped_until is not None
-            state = f"tripped until {_iso_millis(time.time() + health.tripped_until - now)}"
-        else:
-            state = health.state(now) if health is not None else "closed"
-            state = "serving" if state == "closed" else state
-        out: dict[str, Any] = {"weight": weight, "share": round(weight * 100.0 / total, 3),
-                               "state": state, "liveWorkers": mv.live_count()}
-        if mv.version in policy.shadow:
-            out["shadowPercent"] = policy.shadow[mv.version]
-        if mv.version in policy.max_error_rate:
-            out["maxErrorRate"] = policy.max_error_rate[mv.version]
-            out["errorRate"] = round(health.rate, 4) if health is not None else 0.0
-        return out
+        return version_state(mv.version, mv.live_count(), policy,
+                             self.ctl.scheduler.traffic.health.get(mv.key), time.monotonic())
 
     def op_authorize(self, args: dict[str, Any], respond: Respond):
         """Nothing but the key check the controller makes before every verb (VERB_KEYS): a

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from mservd import __version__
 from mservd.core.advisor import advise, curve
+from mservd.core.traffic import version_state
 
 if TYPE_CHECKING:
     from mservd.controller.supervisor import Supervisor
@@ -86,6 +87,10 @@ def _version(registry: Registry, scheduler: Scheduler, supervisor: Supervisor,
     if mv.settings.continuous_batching:
         out["firstToken"] = histograms["first_part"].get(key)
         out["interToken"] = histograms["between_parts"].get(key)
+    policy = registry.traffic(mv.name)
+    if policy is not None and mv.version in policy.versions():  # its p99 and errors beside
+        out["traffic"] = version_state(mv.version, mv.live_count(), policy,  # the others'
+                                       scheduler.traffic.health.get(key), now)
     if mv.load_error:
         out["loadError"] = mv.load_error
     return out

@@ -219,6 +219,21 @@ class Scheduler:
         key = route.key or route.sequence  # a sequence's requests stay together
         return self.traffic.choose(policy, list(by_version), eligible, key)
 
+    def review_traffic(self, now: float) -> list[tuple[str, str, float]]:
+        """Sample each bounded version's answers (``Traffic.review``): the versions whose
+        5xx rate trips their breaker now, as (model, version, rate). Nothing of this runs per
+        request: the counts by status are kept anyway."""
+        tripped = []
+        for name in self.registry.names():
+            policy = self.registry.traffic(name)
+            if policy is None or not policy.max_error_rate:
+                continue
+            answers = {v: self.metrics.version((name, v)).answers for v in policy.max_error_rate}
+            for version in self.traffic.review(name, policy, answers, now):
+                self.metrics.traffic_trips.labels(name, version).inc()
+                tripped.append((name, version, self.traffic.health_of((name, version)).rate))
+        return tripped
+
     def _shadow(self, mv: ModelVersion, route: protocol.Route, policy: TrafficPolicy,
                 frames: list[bytes], now: float) -> list[Action]:
         """Copies of an admitted request for the shadow versions its draws pick: the same

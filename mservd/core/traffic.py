@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -188,6 +189,36 @@ class Health:
         return True
 
 
+def version_state(version: str, live: int, policy: TrafficPolicy, health: Health | None,
+                  now: float) -> dict[str, Any]:
+    """One version under ``policy``, as describe, GET /models/{m}/traffic and the dashboard
+    show it: weight and share, shadow percent, error bound and rate, and its state (serving,
+    shadow, unweighted, no live worker, tripped until <UTC time>, half-open). ``live``: its
+    serving workers."""
+    total = sum(policy.weights.values()) or 1.0
+    weight = policy.weights.get(version, 0.0)
+    if version in policy.shadow:
+        state = "shadow"
+    elif weight <= 0:
+        state = "unweighted"
+    elif live == 0:
+        state = "no live worker"
+    elif health is not None and health.tripped_until is not None and health.open(now):
+        until = time.time() + health.tripped_until - now
+        state = time.strftime("tripped until %Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
+    else:
+        state = "half-open" if health is not None and health.state(now) == "half-open" \
+            else "serving"
+    out: dict[str, Any] = {"weight": weight, "share": round(weight * 100.0 / total, 3),
+                           "state": state, "liveWorkers": live}
+    if version in policy.shadow:
+        out["shadowPercent"] = policy.shadow[version]
+    if version in policy.max_error_rate:
+        out["maxErrorRate"] = policy.max_error_rate[version]
+        out["errorRate"] = round(health.rate, 4) if health is not None else 0.0
+    return out
+
+
 class Traffic:
     """The breakers of the versions under a policy, and the draws that route requests: what
     the scheduler asks for each unversioned request of a model with a policy."""
@@ -222,13 +253,13 @@ class Traffic:
         """The shadow versions that get a copy of this request (each its own draw)."""
         return [v for v, percent in policy.shadow.items() if self.draw() * 100.0 < percent]
 
-    def review(self, name: str, policy: TrafficPolicy, answers: Callable[[str], Mapping[int, int]],
-               now: float) -> list[str]:
-        """Sample the answers of each bounded version (its counts by status so far); the
-        versions that trip now."""
+    def review(self, name: str, policy: TrafficPolicy,
+               answers: Mapping[str, Mapping[int, int]], now: float) -> list[str]:
+        """Sample the answers of each bounded version (``answers``: its counts by status so
+        far); the versions that trip now."""
         tripped = []
         for version, bound in policy.max_error_rate.items():
-            counts = answers(version)
+            counts = answers.get(version, {})
             total = sum(counts.values())
             errors = sum(n for status, n in counts.items() if status >= 500)
             if self.health_of((name, version)).sample(now, total, errors, bound):

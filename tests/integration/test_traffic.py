@@ -260,3 +260,85 @@ def test_a_shadow_that_sleeps_or_fails_changes_nothing_for_the_caller_and_is_cou
         f'ts_inference_requests_total{{model_name="{MODEL}",model_version="4.0"}}']
     assert served == sent  # a copy counts as a request of the version that served it
     assert daemon.describe(MODEL, "3.0")[0]["traffic"]["state"] == "shadow"
+
+
+@pytest.fixture(scope="module")
+def canary_flag(store: Path) -> Path:
+    """Model ``canary``: 1.0 always answers, 2.0 fails while the returned file exists."""
+    flag = store / ".canary-fails"
+    fast = {"batchSize": 8, "maxBatchDelay": 5}
+    write_archive(store, "canary", "versioned.py", version="1.0", config=fast)
+    write_archive(store, "canary", "versioned.py", version="2.0",
+                  config={**fast, "fail_while": str(flag)})
+    return flag
+
+
+def canary_answers(daemon, count: int) -> collections.Counter:
+    """``count`` unversioned predictions of ``canary`` from 8 clients: (version or status)."""
+    def one(_: int) -> str:
+        answer = daemon.predict("canary", data=b"1")
+        return answer.json()["version"] if answer.status_code == 200 else str(
+            answer.status_code)
+
+    with ThreadPoolExecutor(8) as pool:
+        return collections.Counter(pool.map(one, range(count)))
+
+
+def canary_state(daemon) -> str:
+    return daemon.describe("canary", "2.0")[0]["traffic"]["state"]
+
+
+def test_a_failing_canary_loses_its_traffic_and_regains_it_after_its_cooldown(
+        daemon_factory, canary_flag) -> None:
+    daemon = daemon_factory({"load_models": "canary.mar,canary-2.0.mar",
+                             "traffic_cooldown_s": 4, "traffic_min_requests": 10,
+                             "traffic_error_window_s": 10})
+    assert daemon.manage("PUT", "/models/canary/traffic", json={
+        "weights": {"1.0": 50, "2.0": 50}, "maxErrorRate": {"2.0": 0.5}}).status_code == 200
+    canary_flag.touch()
+    try:
+        def tripped() -> bool:
+            canary_answers(daemon, 20)  # half of them 500s from the canary, until it trips
+            return canary_state(daemon).startswith("tripped until ")
+
+        wait_until(tripped, 30, "the failing canary to trip")
+        # within the 4 s cooldown: every request to the stable version, none refused
+        assert canary_answers(daemon, 200) == {"1.0": 200}
+        doc = daemon.manage("GET", "/models/canary/traffic").json()
+        canary = doc["versions"][1]
+        assert canary["errorRate"] > 0.5 and canary["maxErrorRate"] == 0.5
+        assert daemon.metrics()[
+            'mservd_traffic_trips_total{model_name="canary",model_version="2.0"}'] == 1
+        assert "traffic of model canary version 2.0 tripped" in daemon.logs()
+        events = daemon.manage("GET", "/dashboard/overview").json()["events"]
+        assert any(e["kind"] == "traffic tripped" and e["version"] == "2.0" for e in events)
+    finally:
+        canary_flag.unlink(missing_ok=True)
+    wait_until(lambda: not canary_state(daemon).startswith("tripped"), 10,
+               "the canary's cooldown to pass")
+    assert canary_state(daemon) in ("half-open", "serving")
+    back = canary_answers(daemon, 100)
+    assert set(back) == {"1.0", "2.0"} and back["2.0"] > 20, back  # its share, Binomial(100, .5)
+
+
+def test_a_canary_without_workers_gets_no_traffic_and_causes_no_503(
+        daemon_factory, split_store) -> None:
+    daemon = split_daemon(daemon_factory)
+    answer = daemon.session.post(daemon.url("management", "/dashboard/actions/traffic"), json={
+        "model": MODEL, "traffic": {"weights": {"1.0": 50, "2.0": 50}}},
+        headers=daemon._headers("management", None), timeout=30)
+    assert answer.status_code == 200, answer.text  # the dashboard's action
+    answer = daemon.manage("PUT", f"/models/{MODEL}/2.0",
+                           params={"min_worker": 0, "max_worker": 0, "synchronous": "true"})
+    assert answer.status_code == 200, answer.text
+    assert versions_seen(daemon, 100, clients=8) == {"1.0": 100}
+    overview = daemon.manage("GET", "/dashboard/overview").json()
+    shares = {m["version"]: m["traffic"] for m in overview["models"] if m["name"] == MODEL}
+    assert shares["2.0"]["state"] == "no live worker" and shares["2.0"]["share"] == 50
+    assert shares["1.0"]["state"] == "serving"
+    assert daemon.metrics()['mservd_traffic_excluded_total{model_name="split",'
+                            'model_version="2.0",reason="no_worker"}'] > 0
+    answer = daemon.manage("PUT", f"/models/{MODEL}/2.0",
+                           params={"min_worker": 1, "synchronous": "true"})
+    assert answer.status_code == 200, answer.text
+    assert set(versions_seen(daemon, 100, clients=8)) == {"1.0", "2.0"}

@@ -283,3 +283,16 @@ def test_a_version_named_by_a_policy_cannot_be_unregistered() -> None:
     registry.set_traffic("m", TrafficPolicy({"1.0": 90, "2.0": 10}))
     with pytest.raises(Forbidden, match="its traffic policy names it"):
         registry.remove("m", "2.0")
+
+
+def test_review_trips_a_version_past_its_bound_once_and_counts_the_trip() -> None:
+    s, _ = split(TrafficPolicy({"1.0": 50, "2.0": 50}, max_error_rate={"2.0": 0.5}), [])
+    answers = s.metrics.version(("m", "2.0")).answers
+    assert s.review_traffic(0.0) == []
+    answers.update({200: 5, 500: 4})
+    assert s.review_traffic(1.0) == []  # 9 answers: fewer than traffic_min_requests (20)
+    answers.update({200: 5, 500: 20})
+    assert s.review_traffic(2.0) == [("m", "2.0", 0.8)]
+    assert s.traffic.tripped(("m", "2.0"), 2.5)
+    assert s.review_traffic(2.5) == []  # tripped once
+    assert s.metrics.traffic_trips.labels("m", "2.0")._value.get() == 1

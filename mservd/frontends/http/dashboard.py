@@ -7,6 +7,7 @@
     GET  /dashboard/events           the same document once a second, as server-sent events
     POST /dashboard/actions/scale    {"model", "version", "min_worker"}: the scale verb
     POST /dashboard/actions/set-default  {"model", "version"}: the set-default verb
+    POST /dashboard/actions/traffic  {"model", "traffic"}: the set-traffic verb (core/traffic.py)
     GET  /dashboard/static/<file>    the page's script and style (no data in them)
 
 Every call but the form, the login and the static files carries the management key as a
@@ -52,7 +53,7 @@ TIMEOUT = 30.0  # seconds the controller has to answer one call
 MAX_BODY = 4096  # bytes of a login form or an action
 STATIC = {"dashboard.js": "text/javascript; charset=utf-8",
           "dashboard.css": "text/css; charset=utf-8"}
-ACTIONS = ("scale", "set-default")  # under /dashboard/actions/
+ACTIONS = ("scale", "set-default", "traffic")  # under /dashboard/actions/
 STATIC_PREFIX, ACTIONS_PREFIX = "/dashboard/static/", "/dashboard/actions/"
 
 _LOGIN = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>mservd dashboard
@@ -197,6 +198,9 @@ class DashboardRoutes:
     async def set_default(self, request: HttpRequest, params: Params) -> Answer:
         return await self.action(request, "set_default")
 
+    async def traffic(self, request: HttpRequest, params: Params) -> Answer:
+        return await self.action(request, "set_traffic")
+
     async def action(self, request: HttpRequest, verb: str) -> Answer:
         """The management verb ``verb`` on the model the body names."""
         token, by_cookie = self.credentials(request)
@@ -214,6 +218,8 @@ class DashboardRoutes:
         if not isinstance(doc, dict):
             raise BadRequest("The body must be a JSON object.")
         args = model_and_version(doc.get("model"), doc.get("version"))
+        if verb == "set_traffic":  # as JSON text, as the management API sends it
+            args["traffic"] = json.dumps(doc.get("traffic"))
         if verb == "scale":
             args["min_worker"] = doc.get("min_worker")
             args["synchronous"] = "false"

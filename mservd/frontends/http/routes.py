@@ -550,6 +550,8 @@ DASHBOARD = Router([
     Route("POST", "/dashboard/actions/scale", DashboardRoutes.scale, None, strip_slash=True),
     Route("POST", "/dashboard/actions/set-default", DashboardRoutes.set_default, None,
           strip_slash=True),
+    Route("POST", "/dashboard/actions/traffic", DashboardRoutes.traffic, None,
+          strip_slash=True),
     Route("GET", "/dashboard/static/{file}", DashboardRoutes.static, None, strip_slash=True),
 ], dashboard.not_found)
 

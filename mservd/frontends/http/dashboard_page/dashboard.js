@@ -135,6 +135,10 @@ function drawModel(m, before, seconds) {
   const answeredBefore = before ? Object.values(before.answers).reduce((a, b) => a + b, 0) : answered;
   const rps = seconds > 0 ? Math.max(0, answered - answeredBefore) / seconds : 0;
   entry.history.push({p50: quantile(latency, 0.5), p99: quantile(latency, 0.99), rps});
+  const failed = (answers) => Object.entries(answers).filter(([code]) => Number(code) >= 500)
+    .reduce((sum, [, n]) => sum + n, 0);
+  entry.errorRate = answered > answeredBefore && before
+    ? (failed(m.answers) - failed(before.answers)) / (answered - answeredBefore) : null;
   if (entry.history.length > HISTORY) entry.history.shift();
   const minute = entry.history.filter((p) => p.p99 !== null);
   const state = $(".state", el);
@@ -210,11 +214,43 @@ function draw(doc) {
   for (const [key, entry] of models) {
     if (!seen.has(key)) { entry.el.remove(); models.delete(key); }
   }
+  drawTraffic(doc.models);
   $("#events tbody").innerHTML = doc.events.slice().reverse().map((e) =>
     `<tr><td>${esc(new Date(e.time * 1000).toLocaleTimeString())}</td><td>${esc(e.kind)}</td>` +
     `<td>${esc(e.model || "")}</td><td>${esc(e.rid || "")}</td><td>${esc(e.message)}</td></tr>`).join("");
   previous = doc;
 }
+
+// -- versions that share a model's traffic: each one's p99 and 5xx rate side by side -------
+
+function drawTraffic(list) {
+  const byModel = new Map();
+  for (const m of list.filter((m) => m.traffic)) {
+    if (!byModel.has(m.name)) byModel.set(m.name, []);
+    byModel.get(m.name).push(m);
+  }
+  $("#traffic").hidden = byModel.size === 0;
+  $("#traffic-body").innerHTML = [...byModel].map(([name, versions]) =>
+    `<h3>${esc(name)}</h3><table class="workers"><thead><tr><th>version</th><th>share</th>` +
+    `<th>shadow</th><th>state</th><th>requests/s</th><th>p99</th><th>5xx rate</th></tr></thead><tbody>` +
+    versions.map((m) => {
+      const entry = models.get(`${m.name}/${m.version}`);
+      const last = entry.history.at(-1) || {};
+      const t = m.traffic;
+      return `<tr><td>${esc(m.version)}</td><td>${fmt(t.share, 1)} %</td>` +
+        `<td>${t.shadowPercent == null ? "–" : fmt(t.shadowPercent, 0) + " %"}</td>` +
+        `<td>${esc(t.state)}</td><td>${fmt(last.rps, 1)}</td><td>${ms(last.p99)}</td>` +
+        `<td>${entry.errorRate == null ? "–" : fmt(entry.errorRate * 100, 1) + " %"}</td></tr>`;
+    }).join("") + `</tbody></table>`).join("");
+}
+
+$("#traffic-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const form = event.target;
+  const weights = Object.fromEntries(form.weights.value.trim().split(/\s+/)
+    .map((pair) => pair.split("=")).map(([version, weight]) => [version, Number(weight)]));
+  act(form, "traffic", {model: form.model.value, traffic: {weights, sticky: form.sticky.checked}});
+});
 
 async function act(el, verb, body) {
   const result = $(".result", el);
