@@ -183,7 +183,7 @@ class Scheduler:
         policy = self.registry.traffic(route.model) if route.version is None else None
         try:
             mv = self.registry.get(route.model, route.version if policy is None
-                                   else self.route(route, policy, now))
+                                   else self.pick_version(route, policy, now))
             self._queue(mv, fid, route, frames, now)
         except MservdError as exc:
             return None, [self.refuse(fid, route.rid, exc, mv, route.model)]
@@ -192,7 +192,8 @@ class Scheduler:
             return mv, self._shadow(mv, route, policy, frames, now)
         return mv, []
 
-    def route(self, route: protocol.Route, policy: TrafficPolicy, now: float) -> str | None:
+    def pick_version(self, route: protocol.Route, policy: TrafficPolicy,
+                     now: float) -> str | None:
         """The version an unversioned request of a model with a traffic policy goes to: a
         stateful model's sequence stays on the version that opened it; otherwise the policy
         picks among the versions with a live worker and no open breaker (None: the default

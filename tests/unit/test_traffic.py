@@ -260,7 +260,8 @@ def test_a_stateful_sequence_stays_on_the_version_that_opened_it() -> None:
     sequence = send.requests[0].sequence
     assert send.worker.version == "2.0" and sequence
     s.traffic.draw = lambda: 0.1  # a draw would say 1.0 now
-    assert s.route(route(b"b", 2.0, sequence=sequence), s.registry.traffic("m"), 2.0) == "2.0"
+    assert s.pick_version(route(b"b", 2.0, sequence=sequence), s.registry.traffic("m"),
+                          2.0) == "2.0"
 
 
 def test_no_lease_takes_unversioned_requests_while_versions_share_traffic() -> None:
