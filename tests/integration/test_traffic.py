@@ -291,7 +291,7 @@ def canary_state(daemon) -> str:
 def test_a_failing_canary_loses_its_traffic_and_regains_it_after_its_cooldown(
         daemon_factory, canary_flag) -> None:
     daemon = daemon_factory({"load_models": "canary.mar,canary-2.0.mar",
-                             "traffic_cooldown_s": 4, "traffic_min_requests": 10,
+                             "traffic_cooldown_s": 8, "traffic_min_requests": 10,
                              "traffic_error_window_s": 10})
     assert daemon.manage("PUT", "/models/canary/traffic", json={
         "weights": {"1.0": 50, "2.0": 50}, "maxErrorRate": {"2.0": 0.5}}).status_code == 200
@@ -302,7 +302,7 @@ def test_a_failing_canary_loses_its_traffic_and_regains_it_after_its_cooldown(
             return canary_state(daemon).startswith("tripped until ")
 
         wait_until(tripped, 30, "the failing canary to trip")
-        # within the 4 s cooldown: every request to the stable version, none refused
+        # within the 8 s cooldown: every request to the stable version, none refused
         assert canary_answers(daemon, 200) == {"1.0": 200}
         doc = daemon.manage("GET", "/models/canary/traffic").json()
         canary = doc["versions"][1]
@@ -314,7 +314,7 @@ def test_a_failing_canary_loses_its_traffic_and_regains_it_after_its_cooldown(
         assert any(e["kind"] == "traffic tripped" and e["version"] == "2.0" for e in events)
     finally:
         canary_flag.unlink(missing_ok=True)
-    wait_until(lambda: not canary_state(daemon).startswith("tripped"), 10,
+    wait_until(lambda: not canary_state(daemon).startswith("tripped"), 20,
                "the canary's cooldown to pass")
     assert canary_state(daemon) in ("half-open", "serving")
     back = canary_answers(daemon, 100)
