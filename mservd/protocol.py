@@ -198,6 +198,7 @@ class Route:
     sequence: str | None = None  # ts_request_sequence_id: a stateful model's sequence
     ends_sequence: bool = False  # ts_request_sequence_end: the sequence's last request
     client: str | None = None  # who sent it (its address), where its frontend says
+    workflow: bool = False  # /wfpredict: ``model`` names a workflow, not a model
 
 
 # TorchServe's headers of a stateful model's sequences (mservd/core/sequences.py)
@@ -216,16 +217,20 @@ def prediction(rid: bytes, model: str, version: str | None, token: str | None, c
                inputs: Sequence[tuple[str, str]], headers: dict[str, str],
                payloads: Sequence[bytes], *, explain: bool = False,
                timeout_ms: float | None = None, sent: float | None = None,
-               client: str | None = None) -> list[bytes]:
+               client: str | None = None, workflow: bool = False) -> list[bytes]:
     """The PREDICT message of one request, whichever frontend and protocol it came by.
 
     ``inputs`` are (name, content type) pairs, one per payload; ``headers`` are what the
     handler may read (never the token), under lower-case names; ``client`` who sent it (its
-    address: a stateful model's sequence takes requests only from the client that opened it).
+    address: a stateful model's sequence takes requests only from the client that opened it);
+    ``workflow``: ``model`` names a workflow (``/wfpredict``), whose graph the controller runs.
     """
-    route = packb([rid, model, version, token, timeout_ms, explain,
-                   time.monotonic() if sent is None else sent, len(payloads),
-                   headers.get(SEQUENCE_ID), says_yes(headers.get(SEQUENCE_END)), client])
+    fields = [rid, model, version, token, timeout_ms, explain,
+              time.monotonic() if sent is None else sent, len(payloads),
+              headers.get(SEQUENCE_ID), says_yes(headers.get(SEQUENCE_END)), client]
+    if workflow:
+        fields.append(True)
+    route = packb(fields)
     return [PREDICT, route, packb([codec, list(inputs), headers]), *payloads]
 
 
@@ -255,10 +260,12 @@ def parse_predictions(frames: Sequence[bytes]) -> Iterator[tuple[Route, list[byt
 
 def parse_route(frame: bytes) -> Route:
     fields = unpackb(frame)
-    if not isinstance(fields, list) or len(fields) not in (10, 11):
-        raise ProtocolError("route header must be a 10-item array (11 with the client)")
+    if not isinstance(fields, list) or len(fields) not in (10, 11, 12):
+        raise ProtocolError("route header must be a 10-item array (11 with the client, 12 with "
+                            "the workflow flag)")
     rid, model, version, token, timeout_ms, explain, sent, inputs, sequence, ends = fields[:10]
-    client = fields[10] if len(fields) == 11 else None
+    client = fields[10] if len(fields) > 10 else None
+    workflow = fields[11] if len(fields) > 11 else False
     if not isinstance(rid, bytes) or not isinstance(model, str):
         raise ProtocolError("route header has a bad request id or model name")
     if version is not None and not isinstance(version, str):
@@ -275,8 +282,10 @@ def parse_route(frame: bytes) -> Route:
         raise ProtocolError("route header has a bad sequence id")
     if client is not None and not isinstance(client, str):
         raise ProtocolError("route header has a bad client")
+    if not isinstance(workflow, bool):
+        raise ProtocolError("route header has a bad workflow flag")
     return Route(rid, model, version, token, timeout_ms, bool(explain), sent, inputs, sequence,
-                 bool(ends), client)
+                 bool(ends), client, workflow)
 
 
 # -- BATCH: the controller hands a worker requests ------------------------------------------

@@ -231,3 +231,20 @@ def test_a_job_socket_message_round_trips_and_one_too_big_or_cut_short_is_refuse
     for cut in (whole[:2], whole[:-1]):
         with pytest.raises(protocol.ProtocolError):
             protocol.parse_job_message(cut)
+
+
+def test_protocol_route_carries_the_workflow_flag_as_item_12_and_older_routes_still_parse(
+        ) -> None:
+    frames = protocol.prediction(b"r", "wf", None, None, protocol.CODEC_TORCHSERVE,
+                                 [("body", "")], {}, [b"x"], workflow=True)
+    assert len(protocol.unpackb(frames[1])) == 12
+    assert protocol.parse_route(frames[1]).workflow is True
+    plain = protocol.prediction(b"r", "m", None, None, protocol.CODEC_TORCHSERVE,
+                                [("body", "")], {}, [b"x"])
+    assert len(protocol.unpackb(plain[1])) == 11
+    assert protocol.parse_route(plain[1]).workflow is False
+    ten = protocol.packb([b"r", "m", None, None, None, False, 1.0, 0, None, False])
+    assert protocol.parse_route(ten).workflow is False
+    with pytest.raises(protocol.ProtocolError, match="workflow flag"):
+        protocol.parse_route(protocol.packb([b"r", "m", None, None, None, False, 1.0, 0, None,
+                                             False, None, "yes"]))
