@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-RETRY_DELAY = 0.1  # seconds before a failed call's first retry, doubled for each next one:
-# a node whose worker died is answered "no worker" until its replacement is up
+RETRY_DELAY = 0.1  # seconds before a failed call's first retry, doubled for each next one
+RETRY_DELAY_MOST = 1.0  # ... up to this: a node whose worker died is answered "no worker"
+# until its replacement is up (the supervisor restarts it after 1 s or more)
 
 
 class DagError(ValueError):
@@ -166,7 +167,7 @@ class GraphRun:
 
     def _failed(self, node: str, attempt: int, status: int, message: str,
                 now: float) -> list[GraphAction]:
-        due = now + RETRY_DELAY * (2 ** attempt)
+        due = now + min(RETRY_DELAY * (2 ** attempt), RETRY_DELAY_MOST)
         if status >= 500 and attempt < self.retries[node] and due < self.deadline:
             self.later[node] = (attempt + 1, due)
             return []
