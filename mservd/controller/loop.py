@@ -544,7 +544,8 @@ class Controller:
         if not self.settings.snapshot or self.startup_pending:
             return
         try:
-            snapshot.write(Path(self.settings.log_dir).resolve(), snapshot.capture(self.registry))
+            document = snapshot.capture(self.registry, self.workflows.entries)
+            snapshot.write(Path(self.settings.log_dir).resolve(), document)
         except OSError as exc:
             log.error("could not write a registry snapshot: %s", exc)
 

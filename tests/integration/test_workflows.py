@@ -206,3 +206,47 @@ def test_registering_workflows_needs_the_model_api(daemon_factory, wars):
     assert answer.status_code == 405
     assert answer.json()["type"] == "MethodNotAllowedException"
     assert daemon.manage("DELETE", "/workflows/echo_chain").status_code == 405
+
+
+def cli(daemon, *args: str):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "mservd", "workflows", *args, "--log-dir",
+                             str(daemon.log_dir)], check=False, capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_workflow_store_load_workflows_snapshot_restart_and_cli(daemon_factory, wars, tmp_path):
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    workflow_archives.write_workflow_archive(flows, "echo_chain", name="chain_b")
+    daemon = daemon_factory({**MODEL_API, "load_workflows": "chain_b.war"},
+                            args=("--disable-token-auth", "--workflow-store", str(flows)))
+    # loaded at start from the workflow store (not the model store, which lacks it)
+    assert daemon.manage("GET", "/workflows").json() == {
+        "workflows": [{"workflowName": "chain_b", "workflowUrl": "chain_b.war"}]}
+    assert wfpredict(daemon, "chain_b", json={"n": 2}).json()["after_echo"]["echo"] == {"n": 2}
+    scaled = daemon.manage("PUT", "/models/chain_b__echo",
+                           params={"min_worker": 2, "max_worker": 3, "synchronous": "true"})
+    assert scaled.status_code == 200, scaled.text
+    # the CLI
+    assert cli(daemon, "list").split() == ["NAME", "URL", "chain_b", "chain_b.war"]
+    assert "dag:     {echo=[post]}" in cli(daemon, "describe", "chain_b")
+    # a restart restores the workflow from the snapshot, with its node's scale
+    daemon.stop()
+    snapshots = sorted((daemon.log_dir / "config").glob("*-snapshot.json"))
+    document = json.loads(snapshots[-1].read_text())
+    assert document["models"] == {}
+    assert document["workflows"][0]["nodes"]["echo"] == {"minWorkers": 2, "maxWorkers": 3}
+    daemon.start()
+    assert [w["workflowName"] for w in daemon.manage("GET", "/workflows").json()["workflows"]] \
+        == ["chain_b"]
+    wait_until(lambda: len(daemon.describe("chain_b__echo")[0]["workers"]) == 2, 60,
+               "the restored node's 2 workers")
+    assert daemon.describe("chain_b__echo")[0]["maxWorkers"] == 3
+    assert wfpredict(daemon, "chain_b", json={"n": 3}).status_code == 200
+    assert "unregistered" in cli(daemon, "unregister", "chain_b")
+    assert cli(daemon, "list").strip() == "No workflows are registered."
