@@ -250,3 +250,37 @@ def test_workflow_store_load_workflows_snapshot_restart_and_cli(daemon_factory, 
     assert wfpredict(daemon, "chain_b", json={"n": 3}).status_code == 200
     assert "unregistered" in cli(daemon, "unregister", "chain_b")
     assert cli(daemon, "list").strip() == "No workflows are registered."
+
+
+def test_a_workflow_named_as_a_leased_model_still_runs_its_graph(daemon_factory, wars):
+    daemon = daemon_factory({**MODEL_API, "load_models": "echo.mar"},
+                            args=("--disable-token-auth",))
+    answer = register(daemon, "echo_chain.war", workflow_name="echo")  # the model's name
+    assert answer.status_code == 200, answer.text
+    leased = 'mservd_leased_requests_total{model_name="echo",model_version="1.0"}'
+    for _ in range(30):  # lone requests: echo's idle worker is lent to the frontend
+        assert daemon.predict("echo", json={"n": 0}).status_code == 200
+    wait_until(lambda: daemon.metrics().get(leased, 0) > 0, 10, "echo's worker on a lease")
+    answer = wfpredict(daemon, "echo", json={"n": 5})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["after_echo"]["echo"] == {"n": 5}
+
+
+def test_bad_registrations_answer_json_errors_and_a_json_body_registers(daemon_factory, wars):
+    daemon = daemon_factory(MODEL_API, args=("--disable-token-auth",))
+    missing = daemon.manage("POST", "/workflows")
+    assert missing.status_code == 400 and "url is required" in missing.json()["message"]
+    model = register(daemon, "tiny.mar")
+    assert model.status_code == 400
+    assert "is not a workflow archive" in model.json()["message"]
+    absent = register(daemon, "absent.war")
+    assert absent.status_code == 404 and set(absent.json()) == {"code", "type", "message"}
+    bad_name = register(daemon, "echo_chain.war", workflow_name="../x")
+    assert bad_name.status_code == 400
+    timeout = register(daemon, "echo_chain.war", response_timeout="-1")
+    assert timeout.status_code == 400 and "response_timeout" in timeout.json()["message"]
+    body = daemon.manage("POST", "/workflows", json={"url": "echo_chain.war",
+                                                      "workflow_name": "by_body"}, timeout=180)
+    assert body.status_code == 200, body.text
+    assert wfpredict(daemon, "by_body", json={"n": 1}).status_code == 200
+    assert daemon.proc.poll() is None

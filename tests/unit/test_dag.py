@@ -113,3 +113,18 @@ def test_cancel_drops_open_calls_and_ends_the_run():
     assert graph.cancel() == [DropCall("pre", 0)]
     assert graph.answered("pre", 0, 200, b"", b"", "", 0.1) == []
     assert graph.next_deadline() == float("inf")
+
+
+def test_several_leaves_join_as_one_json_object_without_parsing_them():
+    from mservd import protocol
+    from mservd.controller.graphs import _joined
+
+    joined = _joined(b"r", [("a", protocol.head(200), b'{"x": 1}'),
+                            ("b", protocol.head(200, "application/json"), b"[2]")])
+    assert joined.body == b'{"a": {"x": 1}, "b": [2]}'
+    text = _joined(b"r", [("a", protocol.head(200), b"{}"),
+                          ("b", protocol.head(200, "text/plain"), b"hi")])
+    assert protocol.Head.parse(text.head).status == 500
+    assert b"leaf node 'b' answered text/plain" in text.body
+    single = _joined(b"r", [("a", protocol.head(200, "text/plain"), b"hi")])
+    assert (single.body, protocol.Head.parse(single.head).content_type) == (b"hi", "text/plain")
