@@ -284,3 +284,19 @@ def test_bad_registrations_answer_json_errors_and_a_json_body_registers(daemon_f
     assert body.status_code == 200, body.text
     assert wfpredict(daemon, "by_body", json={"n": 1}).status_code == 200
     assert daemon.proc.poll() is None
+
+
+def test_a_client_that_goes_away_drops_its_runs_queued_node_call(chain):
+    import requests
+
+    with ThreadPoolExecutor(1) as pool:
+        mark = chain.log_end("model_echo_chain__echo.log")
+        busy = pool.submit(wfpredict, chain, "echo_chain", json={"sleep": 2.0})
+        chain.wait_for_log("model_echo_chain__echo.log", "echo sleeping", since=mark)
+        with pytest.raises(requests.exceptions.ReadTimeout):  # it hangs up, queued behind
+            wfpredict(chain, "echo_chain", json={"marker": "gone-client"}, timeout=0.5)
+        assert busy.result().status_code == 200
+    after = wfpredict(chain, "echo_chain", json={"marker": "after"})
+    assert after.status_code == 200
+    log = chain.read_log("model_echo_chain__echo.log", mark)
+    assert "'after'" in log and "gone-client" not in log
