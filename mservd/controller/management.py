@@ -233,6 +233,8 @@ class Management:
                 **fit.to_dict(), "measured": [m.to_dict() for m in measured.values()],
                 "advice": advise(fit, mv.settings.latency_target, mv.largest_batch(),
                                  measured).to_dict()}
+        if mv.workflow is not None:  # a node of a workflow: only unregistering it removes this
+            out["workflowName"] = mv.workflow
         if mv.load_error:
             out["loadError"] = mv.load_error
         return out
