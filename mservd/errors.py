@@ -81,6 +81,11 @@ class ModelVersionNotFound(ModelNotFound):
     type = "ModelVersionNotFoundException"
 
 
+class WorkflowNotFound(MservdError):
+    http_status = 404
+    type = "WorkflowNotFoundException"
+
+
 class ResourceNotFound(MservdError):
     http_status = 404
     type = "ResourceNotFoundException"

@@ -227,7 +227,8 @@ def prediction(rid: bytes, model: str, version: str | None, token: str | None, c
 
     ``inputs`` are (name, content type) pairs, one per payload; ``headers`` are what the
     handler may read (never the token), under lower-case names; ``client`` who sent it (its
-    address: a stateful model's sequence takes requests only from the client that opened it).
+    address: a stateful model's sequence takes requests only from the client that opened it);
+    ``workflow``: ``model`` names a workflow (``/wfpredict``), whose graph the controller runs.
     """
     route = packb([rid, model, version, token, timeout_ms, explain,
                    time.monotonic() if sent is None else sent, len(payloads),

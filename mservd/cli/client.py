@@ -226,6 +226,18 @@ def _path(model: str, version: str | None = None) -> str:
 # -- models ------------------------------------------------------------------------------
 
 
+def all_pages(client: Client, path: str, key: str) -> list[dict[str, Any]]:
+    """Every item of a paged list call (``GET /models``, ``GET /workflows``)."""
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        page = client.call("GET", path, {"limit": 1000, "next_page_token": token})
+        items.extend(page.get(key, []))
+        token = page.get("nextPageToken")
+        if not token:
+            return items
+
+
 @click.group("models")
 def models_group() -> None:
     """List, describe, register, scale and unregister models of a running daemon."""
@@ -236,14 +248,7 @@ def models_group() -> None:
 @json_option
 def list_command(client: Client, as_json: bool) -> None:
     """List the registered models: name, default version and archive."""
-    models: list[dict[str, Any]] = []
-    token: str | None = None
-    while True:
-        page = client.call("GET", "/models", {"limit": 1000, "next_page_token": token})
-        models.extend(page.get("models", []))
-        token = page.get("nextPageToken")
-        if not token:
-            break
+    models = all_pages(client, "/models", "models")
     if as_json:
         _print_json({"models": models})
         return

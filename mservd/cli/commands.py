@@ -92,6 +92,8 @@ def cli() -> None:
 
 @cli.command("start")
 @click.option("--model-store", type=click.Path(file_okay=False), help="Folder of .mar archives.")
+@click.option("--workflow-store", type=click.Path(file_okay=False),
+              help="Folder of workflow archives (.war); default: the model store.")
 @click.option("--models", "models", multiple=True,
               help="Models to load at start: NAME=FILE.mar, FILE.mar, NAME=FOLDER (a "
                    "transformers model folder, served as it is) or all (repeatable, or "
@@ -110,7 +112,7 @@ def cli() -> None:
               help="gRPC inference port (grpc_inference_port; 0 picks a free port).")
 @click.option("--grpc-management-port", type=click.IntRange(0, 65535),
               help="gRPC management port (grpc_management_port; 0 picks a free port).")
-def start_command(model_store, models, ts_config, log_dir, foreground, ncs, enable_model_api,
+def start_command(model_store, workflow_store, models, ts_config, log_dir, foreground, ncs, enable_model_api,
                   disable_token_auth, grpc_port, grpc_management_port) -> None:
     """Start the daemon; return once it serves and its start-up models are loaded.
 
@@ -120,7 +122,7 @@ def start_command(model_store, models, ts_config, log_dir, foreground, ncs, enab
     from mservd.controller.daemon import Daemon, StartError, running_pid, state_path
 
     flags = {
-        "model_store": model_store, "load_models": _split_models(models, model_store), "log_dir": log_dir,
+        "model_store": model_store, "workflow_store": workflow_store, "load_models": _split_models(models, model_store), "log_dir": log_dir,
         "snapshot": False if ncs else None,
         "enable_model_api": True if enable_model_api else None,
         "disable_token_authorization": True if disable_token_auth else None,
@@ -274,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 from mservd.cli.client import metrics_command, models_group
+from mservd.cli.workflows import workflows_group
 
 cli.add_command(models_group)
+cli.add_command(workflows_group)
 cli.add_command(metrics_command)

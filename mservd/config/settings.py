@@ -140,6 +140,19 @@ class Settings:
         default=None,
         metadata=meta("model_store", "Folder holding the model archives (.mar)."),
     )
+    workflow_store: str | None = field(
+        default=None,
+        metadata=meta("workflow_store", "Folder holding the workflow archives (.war); empty "
+                      "means model_store."),
+    )
+    load_workflows: tuple[str, ...] = field(
+        default=(),
+        metadata=meta(
+            "load_workflows",
+            "Workflow archives to load at start: 'all', 'a.war,b.war' or 'name=a.war' items, "
+            "comma-separated; empty loads none.",
+        ),
+    )
     load_models: tuple[str, ...] = field(
         default=(),
         metadata=meta(

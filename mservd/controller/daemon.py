@@ -21,8 +21,9 @@ import socket
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mservd import __version__
 from mservd.auth import KeyStore
@@ -36,6 +37,10 @@ from mservd.controller.supervisor import detect_gpus
 from mservd.controller.zygote_client import Zygote
 from mservd.process.environment import hide_own_environment
 from mservd.process.log_format import formatter
+
+if TYPE_CHECKING:
+    from mservd.controller.loop import Controller
+    from mservd.protocol import Reply
 
 log = logging.getLogger("mservd")
 
@@ -187,6 +192,22 @@ def hold_port(address: str, what: str) -> socket.socket:
     return sock
 
 
+def startup_workflows(settings: Settings) -> list[tuple[str | None, str]]:
+    """``load_workflows`` as (workflow name or None, .war url) pairs; ``all`` is every
+    ``.war`` in the workflow store."""
+    items: list[tuple[str | None, str]] = []
+    store = settings.workflow_store or settings.model_store
+    for entry in settings.load_workflows:
+        entry = entry.strip()
+        if entry == "all" and store:
+            items += [(None, p.name) for p in sorted(Path(store).glob("*.war"))
+                      if not p.name.startswith(".")]
+        elif entry:
+            name, sep, url = entry.partition("=")
+            items.append((name, url) if sep else (None, entry))
+    return items
+
+
 def startup_models(settings: Settings) -> list[tuple[str | None, str]]:
     """``load_models`` as (model name or None, archive url) pairs; ``all`` is every archive
     and transformers model folder in the store."""
@@ -287,7 +308,8 @@ class Daemon:
             rotation.start()
             controller.on_stopped = frontends.stop
             registrations, defaults, traffic = self.startup_registrations()
-            controller.startup_pending = len(registrations)
+            workflows = self.startup_workflows()
+            controller.startup_pending = len(registrations) + len(workflows)
             results: dict[str, Any] = {}
 
             def finish_startup() -> None:
@@ -331,7 +353,18 @@ class Daemon:
                     continue
                 if result is not None:
                     loaded(label)(result)
-            if not registrations:
+            for flow in workflows:  # (their node models are not in registrations)
+                label = flow.args.get("workflow_name") or flow.args["url"]
+                try:
+                    controller.management.op_register_workflow(
+                        flow.args, self.scaled(controller, flow.scales, loaded(label)),
+                        startup=True)
+                except Exception as exc:  # a bad entry must not stop the others
+                    from mservd.errors import MservdError
+
+                    message = exc.message if isinstance(exc, MservdError) else str(exc)
+                    loaded(label)(Reply(400, {"message": message}))
+            if not registrations and not workflows:
                 finish_startup()
             log.info("mservd %s serving (pid %d)", __version__, os.getpid())
             gc.freeze()  # what start-up made lives on: full collections skip it
@@ -354,6 +387,31 @@ class Daemon:
                 raise StartError(f"mservd cannot serve: {self.failure}")
             return 1
         return 0
+
+    def startup_workflows(self) -> list[snapshot.WorkflowRestore]:
+        """Workflows to register at start: the newest good snapshot's, else
+        ``load_workflows``."""
+        if self.settings.snapshot:
+            restore = snapshot.load_latest(self.log_dir)
+            if restore.path is not None:
+                return restore.workflows
+        return [snapshot.WorkflowRestore(
+            {"url": url, **({"workflow_name": name} if name else {})}, {})
+            for name, url in startup_workflows(self.settings)]
+
+    @staticmethod
+    def scaled(controller: Controller, scales: dict[str, tuple[int, int]],
+               respond: Callable[[Reply], None]) -> Callable[[Reply], None]:
+        """``respond``, once a restored workflow's node models are scaled as they were."""
+        def registered(reply: Reply) -> None:
+            if reply.status < 400:
+                for model, (low, high) in scales.items():
+                    if model in controller.registry:
+                        controller.management.op_scale(
+                            {"model": model, "min_worker": low, "max_worker": high},
+                            lambda reply: None)
+            respond(reply)
+        return registered
 
     def startup_registrations(self) -> tuple[list[dict[str, Any]], dict[str, str],
                                              dict[str, Any]]:

@@ -33,9 +33,11 @@ from mservd import protocol
 from mservd.auth import INFERENCE, MANAGEMENT, KeyStore
 from mservd.config import Settings, read_model_metrics
 from mservd.controller import snapshot
+from mservd.controller.graphs import Graphs
 from mservd.controller.management import Management
 from mservd.controller.supervisor import Supervisor, describe_exit
 from mservd.controller.waiter import Waiter
+from mservd.controller.workflows import Workflows
 from mservd.controller.zygote_client import Zygote
 from mservd.core.leases import Lend, Recall, Revoke
 from mservd.core.metrics import Metrics
@@ -132,6 +134,8 @@ class Controller:
         self.started_at = time.time()
         self.scheduler = Scheduler(settings, self.registry, self.metrics)
         self.management = Management(self)  # the management verbs, on a narrow view of this
+        self.workflows = Workflows(self, self.management.store, self.management.limits)
+        self.graphs = Graphs(self)  # /wfpredict runs
         self._asked = itertools.count(1)
 
     def start(self) -> None:
@@ -176,7 +180,8 @@ class Controller:
                 if zygote_fd >= 0:
                     poller.register(zygote_fd, zmq.POLLIN)
             now = time.monotonic()
-            due = self.scheduler.next_wakeup(float("inf"), now)  # when tick has work, soonest
+            due = self.scheduler.next_wakeup(self.graphs.next_deadline(), now)  # when tick
+            # (or a workflow run) has work, soonest
             timeout = max(0.0, min(due, self.upkeep_by(now)) - now)
             events = dict(poller.poll(int(timeout * 1000.0)))  # pyzmq truncates to ms anyway
             if zygote_fd in events:
@@ -193,6 +198,7 @@ class Controller:
                 watch_frontends(now)
             elif now >= due:  # what came this turn was dispatched as it came
                 self.perform(self.scheduler.tick(now))
+                self.graphs.tick(now)
             if not self.stopping and should_stop():
                 self.begin_stop(now)
             if self.stopping and self._drained(now, frontend_alive()):
@@ -229,6 +235,7 @@ class Controller:
         self.reconcile_pools(now)
         self.perform(self.scheduler.tick(now))
         self.review_traffic(now)
+        self.graphs.tick(now)
         self.check_waiters(now)
         self.cleanup_retired()
 
@@ -296,10 +303,12 @@ class Controller:
     def send_answers(self) -> None:
         """Each frontend's streamed parts of this turn as one CHUNK, then its answers as one
         REPLY: a stream's last parts always reach the frontend before its end. Answers to the
-        controller's own questions go to their askers first (who may answer a frontend)."""
-        if self.questions:
-            self.parts.pop(OWN, None)
-            for result in self.answers.pop(OWN, ()):
+        controller's own questions go to their askers first (who may answer a frontend, or
+        ask again: a workflow's next node, refused at once, answers OWN anew — so until none
+        is left; OWN is never sent to a frontend)."""
+        self.parts.pop(OWN, None)
+        while OWN in self.answers:
+            for result in self.answers.pop(OWN):
                 asker = self.questions.pop(result.rid, None)
                 if asker is not None:
                     asker(result)
@@ -340,6 +349,9 @@ class Controller:
                     except MservdError as exc:
                         self.perform([self.scheduler.refuse(fid, route.rid, exc)])
                         continue
+                if route.workflow:
+                    self.start_graph(fid, route, parts, now)
+                    continue
                 try:
                     mv, refused = self.scheduler.enqueue(fid, route, parts, now)
                 except Exception as exc:  # a bug costs this request its result, never its
@@ -355,8 +367,23 @@ class Controller:
             for mv in queued.values():
                 self.perform(self.scheduler.dispatch(mv, now))
 
+    def start_graph(self, fid: bytes, route: protocol.Route, parts: list[bytes],
+                    now: float) -> None:
+        """A /wfpredict request: its workflow's run starts (graphs.py), or it is refused."""
+        try:
+            self.graphs.start(fid, route, parts, now)
+        except MservdError as exc:
+            self.perform([self.scheduler.refuse(fid, route.rid, exc, model=route.model)])
+        except Exception as exc:  # a bug costs this run its result, never its answer
+            log.exception("workflow run %s could not start", route.rid.decode("ascii", "replace"))
+            self.perform([self.scheduler.refuse(fid, route.rid, MservdError(
+                f"The workflow run could not start: {type(exc).__name__}: {exc}"))])
+
     def on_cancel(self, fid: bytes, rid: bytes) -> None:
         """The client went away: a request still queued is dropped; a running one finishes."""
+        if self.graphs.cancel(fid, rid, time.monotonic()):
+            log.info("dropped workflow run %s: its client went away", rid.decode())
+            return
         mv, actions = self.scheduler.cancel(fid, rid, time.monotonic())
         self.perform(actions)
         if mv is not None:
@@ -541,7 +568,8 @@ class Controller:
         if not self.settings.snapshot or self.startup_pending:
             return
         try:
-            snapshot.write(Path(self.settings.log_dir).resolve(), snapshot.capture(self.registry))
+            document = snapshot.capture(self.registry, self.workflows.entries)
+            snapshot.write(Path(self.settings.log_dir).resolve(), document)
         except OSError as exc:
             log.error("could not write a registry snapshot: %s", exc)
 

@@ -59,6 +59,15 @@ def _handler_metadata(reply: Reply) -> Any:
         return text
 
 
+def _page(args: dict[str, Any]) -> tuple[int, int]:
+    """A list call's page: (limit, start), TorchServe's limit and next_page_token."""
+    limit = _int(args, "limit", 100)
+    start = _int(args, "next_page_token", 0)
+    if limit <= 0 or start < 0:
+        raise BadRequest("limit must be positive and next_page_token not negative.")
+    return limit, start
+
+
 class Management:
     def __init__(self, controller: ModelService) -> None:
         self.ctl = controller
@@ -72,7 +81,8 @@ class Management:
         verb = getattr(self, f"op_{op}", None)
         if verb is None:
             raise ResourceNotFound(f"Unknown management operation {op!r}.")
-        if op in ("register", "unregister") and not self.settings.enable_model_api:
+        if op in ("register", "unregister", "register_workflow", "unregister_workflow") and (
+                not self.settings.enable_model_api):
             raise MethodNotAllowed(
                 "Model registration is disabled. Start mservd with --enable-model-api "
                 "(or enable_model_api=true) to register and unregister models over the API.")
@@ -85,6 +95,22 @@ class Management:
     def op_register(self, args: dict[str, Any], respond: Respond, *, startup: bool = False):
         Registration(self.ctl, self.store, self.limits, args, respond,
                      startup).start()  # answers through respond
+
+    # -- workflows (controller/workflows.py) --------------------------------------------------
+
+    def op_register_workflow(self, args: dict[str, Any], respond: Respond, *,
+                             startup: bool = False):
+        self.ctl.workflows.register(args, respond, startup)  # answers through respond
+
+    def op_list_workflows(self, args: dict[str, Any], respond: Respond):
+        limit, start = _page(args)
+        return self.ctl.workflows.list(limit, start)
+
+    def op_describe_workflow(self, args: dict[str, Any], respond: Respond):
+        return self.ctl.workflows.describe(args["workflow"])
+
+    def op_unregister_workflow(self, args: dict[str, Any], respond: Respond):
+        return self.ctl.workflows.unregister(args["workflow"])
 
     # -- scale, describe, list, unregister, default ---------------------------------------
 
@@ -211,6 +237,8 @@ class Management:
         policy = self.ctl.registry.traffic(mv.name)
         if policy is not None and mv.version in policy.versions():
             out["traffic"] = self.traffic_state(mv, policy)
+        if mv.workflow is not None:  # a node of a workflow: only unregistering it removes this
+            out["workflowName"] = mv.workflow
         if mv.load_error:
             out["loadError"] = mv.load_error
         return out
@@ -224,10 +252,7 @@ class Management:
         return Reply(200, json.dumps(document, separators=(",", ":")).encode())
 
     def op_list(self, args: dict[str, Any], respond: Respond):
-        limit = _int(args, "limit", 100)
-        start = _int(args, "next_page_token", 0)
-        if limit <= 0 or start < 0:
-            raise BadRequest("limit must be positive and next_page_token not negative.")
+        limit, start = _page(args)
         names = self.ctl.registry.names()
         page = names[start:start + limit]
         body: dict[str, Any] = {"models": [

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from mservd.config import Settings
     from mservd.controller.supervisor import Supervisor
     from mservd.controller.waiter import Waiter
+    from mservd.controller.workflows import Workflows
     from mservd.core.metrics import Metrics
     from mservd.core.registry import ModelVersion, Registry
     from mservd.core.scheduler import Scheduler
@@ -37,6 +38,7 @@ class ModelService(Protocol):
     run_dir: Path  # this daemon's run folder: unpacked archives, sockets
     loading: set[tuple[str, str]]  # (name, version) of archives being unpacked
     gpu_count: int  # the GPUs workers are placed on (0: the CPU)
+    workflows: Workflows  # the registered workflows (workflows.py)
 
     def submit(self, fn: Callable[..., Any], done: Callable[[Future], None],
                *args: Any) -> None: ...

@@ -22,8 +22,9 @@ class ModelStore:
     """The model store folder (``--model-store``) and the URLs a register call may name."""
 
     def __init__(self, folder: str | None, allowed_urls: tuple[str, ...],
-                 max_archive_bytes: int) -> None:
+                 max_archive_bytes: int, flat: bool = False) -> None:
         self.folder = Path(folder).resolve() if folder else None
+        self.flat = flat  # the workflow store: an archive directly in it, as TorchServe says
         self.allowed_urls = allowed_urls
         self.max_archive_bytes = max_archive_bytes
 
@@ -41,6 +42,9 @@ class ModelStore:
         if self.folder is None:
             raise BadRequest("No model store is configured; start mservd with --model-store.")
         candidate = Path(url)
+        if self.flat and len(candidate.parts) != 1:
+            raise BadRequest(f"Invalid url {url!r}: name a file directly in the store, not in "
+                             "a subfolder.")
         if ".." in candidate.parts:
             raise BadRequest(f"Invalid url {url!r}: '..' is not allowed; name an archive "
                              "inside the model store.")

@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mservd.core.workflow_spec import node_model
+
 if TYPE_CHECKING:
+    from mservd.controller.workflows import WorkflowEntry
     from mservd.core.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -29,21 +32,38 @@ def folder(log_dir: Path) -> Path:
     return log_dir / "config"
 
 
-def capture(registry: Registry) -> dict[str, Any]:
-    """The registry as a snapshot document: what it takes to register it all again."""
+def capture(registry: Registry,
+            workflows: dict[str, WorkflowEntry] | None = None) -> dict[str, Any]:
+    """The registry as a snapshot document: what it takes to register it all again. A
+    workflow's node models come back with their workflow (with their scale), not alone."""
     models: dict[str, Any] = {}
     for name in registry.names():
         versions = {}
         for mv in registry.versions(name):
+            if mv.workflow is not None:
+                continue
             # the handler only when the register call named one: otherwise the archive's own
             # (rebuilt since, it may name another) is what the restore must use
             versions[mv.version] = {"url": mv.url, "handler": mv.handler_override,
                                     **mv.settings_document()}
-        models[name] = {"defaultVersion": registry.default_version(name), "versions": versions}
-        policy = registry.traffic(name)
-        if policy is not None:  # applied again once its versions are back (Restore.traffic)
-            models[name]["traffic"] = policy.document()
-    return {"created": dt.datetime.now(dt.UTC).isoformat(), "models": models}
+        if versions:
+            models[name] = {"defaultVersion": registry.default_version(name),
+                            "versions": versions}
+            policy = registry.traffic(name)
+            if policy is not None:  # applied again once its versions are back (Restore.traffic)
+                models[name]["traffic"] = policy.document()
+    flows = []
+    for entry in (workflows or {}).values():
+        nodes = {}
+        for node in entry.spec.nodes.values():
+            if node.model in registry:
+                mv = registry.get(node.model)
+                nodes[node.name] = {"minWorkers": mv.target_workers,
+                                    "maxWorkers": mv.max_workers}
+        flows.append({"name": entry.name, "url": entry.url,
+                      "responseTimeout": entry.response_timeout, "nodes": nodes})
+    return {"created": dt.datetime.now(dt.UTC).isoformat(), "models": models,
+            "workflows": flows}
 
 
 def write(log_dir: Path, document: dict[str, Any]) -> Path:
@@ -65,13 +85,21 @@ def write(log_dir: Path, document: dict[str, Any]) -> Path:
 @dataclass(frozen=True)
 class Restore:
     """Register calls to replay, the default version and traffic policy of each model, and
-    what was skipped."""
+    what was skipped; and the workflows' register calls, each with its nodes' scales (model →
+    (min, max))."""
 
     path: Path | None
     registrations: list[dict[str, Any]]
     defaults: dict[str, str]
     problems: list[str]
     traffic: dict[str, Any] = field(default_factory=dict)  # model -> its policy document
+    workflows: list[WorkflowRestore] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WorkflowRestore:
+    args: dict[str, Any]  # a register_workflow call's
+    scales: dict[str, tuple[int, int]]  # node model -> (minWorkers, maxWorkers)
 
 
 def load_latest(log_dir: Path) -> Restore:
@@ -82,14 +110,27 @@ def load_latest(log_dir: Path) -> Restore:
             registrations, defaults = _parse(document)
             traffic = {name: model["traffic"] for name, model in document["models"].items()
                        if isinstance(model.get("traffic"), dict)}
+            workflows = _parse_workflows(document)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             message = f"snapshot {path.name} is unreadable ({type(exc).__name__}: {exc}); " \
                       "trying the one before it"
             log.error(message)
             problems.append(message)
             continue
-        return Restore(path, registrations, defaults, problems, traffic)
+        return Restore(path, registrations, defaults, problems, traffic, workflows)
     return Restore(None, [], {}, problems)
+
+
+def _parse_workflows(document: dict[str, Any]) -> list[WorkflowRestore]:
+    restores = []
+    for flow in document.get("workflows") or []:
+        name = str(flow["name"])
+        scales = {node_model(name, node): (int(s["minWorkers"]), int(s["maxWorkers"]))
+                  for node, s in flow["nodes"].items()}
+        restores.append(WorkflowRestore(
+            {"url": str(flow["url"]), "workflow_name": name,
+             "response_timeout": float(flow["responseTimeout"])}, scales))
+    return restores
 
 
 def _parse(document: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, str]]:

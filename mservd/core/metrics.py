@@ -117,6 +117,17 @@ class Metrics:
         self.frontend_restarts = Counter("mservd_frontend_restarts", "Frontend processes "
                                          "that died unasked and were started again.",
                                          ("frontend",), registry=r)
+        # workflows (/wfpredict): each run once, however many nodes it calls
+        self.workflow_requests = Counter("mservd_workflow_requests", "Workflow runs answered, "
+                                         "by their status class.", ("workflow_name", "status"),
+                                         registry=r)
+        self.workflow_latency = Histogram("mservd_workflow_latency_seconds", "Time from a "
+                                          "workflow run's arrival to its answer.",
+                                          ("workflow_name",), buckets=LATENCY_BUCKETS,
+                                          registry=r)
+        self.workflow_node_failures = Counter("mservd_workflow_node_failures", "Node calls of "
+                                              "a workflow that failed (retried or not).",
+                                              ("workflow_name", "node"), registry=r)
         self.pending = Gauge("mservd_pending_requests", "Requests waiting in a model's queue.",
                              MODEL, registry=r)
         # streamed answers (generation): time to the first part (token) and between parts

@@ -38,6 +38,7 @@ class ModelVersion:
     loaded_at_startup: bool = False
     owns_model_dir: bool = True  # an unpacked archive goes with the version; a user's folder stays
     handler_override: str | None = None  # a handler the register call named over the archive's
+    workflow: str | None = None  # the workflow whose node this version is: only it removes it
     target_workers: int = 0
     max_workers: int = 0
     workers: dict[str, WorkerHandle] = field(default_factory=dict)
@@ -189,9 +190,14 @@ class Registry:
         self.get(name, version)
         self._models[name].default_version = version
 
-    def remove(self, name: str, version: str | None) -> ModelVersion:
-        """Drop one version; the default may go only when it is the last one."""
+    def remove(self, name: str, version: str | None,
+               workflow: str | None = None) -> ModelVersion:
+        """Drop one version; the default may go only when it is the last one, and a
+        workflow's node only when that ``workflow`` is unregistered."""
         mv = self.get(name, version)
+        if mv.workflow is not None and mv.workflow != workflow:
+            raise Forbidden(f"Model {name} belongs to workflow {mv.workflow}; unregister the "
+                            "workflow.")
         entry = self._models[name]
         if mv.version == entry.default_version and len(entry.versions) > 1:
             raise Forbidden(

@@ -152,7 +152,10 @@ class HeldLeases:
         for frames in outbox:
             route = protocol.parse_route(frames[1])
             held = self.by_route.get((route.model, route.version))
-            if held is None or held.running or route.explain or not self._allowed(held, route):
+            # a /wfpredict names a workflow, which the controller runs: never a lent worker of
+            # a model of the same name
+            if (held is None or held.running or route.explain or route.workflow
+                    or not self._allowed(held, route)):
                 rest.append(frames)
                 continue
             _, taken = batches.setdefault(id(held), (held, []))

@@ -32,7 +32,7 @@ INFERENCE_ROUTES = {
     *((m, f"/{kind}/{{model_name}}{v}") for m in ("post", "put", "get")
       for kind in ("predictions", "explanations") for v in ("", "/{model_version}")),
     ("get", "/v1/models"), ("get", "/v1/models/{model_name}"),
-    ("post", "/v1/models/{model_name}:predict"),
+    ("post", "/v1/models/{model_name}:predict"), ("post", "/wfpredict/{workflow_name}"),
 }
 V2_ROUTES = {
     ("get", "/v2"), ("get", "/v2/health/live"), ("get", "/v2/health/ready"),

@@ -191,9 +191,12 @@ def test_held_leases_send_a_batch_per_lease_and_the_rest_to_the_controller(tmp_p
                                       [], explain=True)
         other = protocol.prediction(b"o", "other", None, None, protocol.CODEC_TORCHSERVE, [], {},
                                     [])
+        workflow = protocol.prediction(b"w", "m", None, None, protocol.CODEC_TORCHSERVE, [], {},
+                                       [], workflow=True)  # a workflow named as the model
         r = {rid: request(rid) for rid in (b"r1", b"r2", b"r3", b"r4", b"r5", b"r6")}
-        rest = held.send([r[b"r1"], explain, r[b"r2"], other, r[b"r3"]])
-        assert rest == [explain, other, r[b"r3"]]  # a batch of two (the lease's); no explain
+        rest = held.send([r[b"r1"], explain, workflow, r[b"r2"], other, r[b"r3"]])
+        # a batch of two (the lease's); no explain, no workflow
+        assert rest == [explain, workflow, other, r[b"r3"]]
         batch = protocol.parse_batch(jobs.received_now()[1:])
         assert [(q.rid, q.fid) for q in batch] == [(b"r1", b"ipc://me"), (b"r2", b"ipc://me")]
         assert held.send([r[b"r4"]]) == [r[b"r4"]]  # one batch in flight

@@ -74,3 +74,23 @@ def test_the_models_block_traffic_keys_make_a_policy_document() -> None:
         "maxErrorRate": {"2.0": 0.2}}}
     with pytest.raises(Problems, match="trafficWeight"):
         valid_models_block({"m": {"1.0": {"trafficWeight": "lots"}}})
+def test_a_snapshot_restores_workflows_with_their_node_scales_and_not_their_nodes_alone(
+        ) -> None:
+    from mservd.controller.workflows import WorkflowEntry
+    from mservd.core.workflow_spec import parse_spec
+
+    registry = Registry()
+    registry.add(version("plain", {}))
+    node = version("wf__m1", {})
+    node.workflow, node.target_workers, node.max_workers = "wf", 2, 3
+    registry.add(node)
+    spec = parse_spec("wf", {"models": {"m1": {"url": "tiny.mar"}}, "dag": {"m1": []}},
+                      "h.py", set())
+    entry = WorkflowEntry("wf", "wf.war", spec, Path("/nowhere"), 30.0)
+    document = snapshot.capture(registry, {"wf": entry})
+    assert list(document["models"]) == ["plain"]
+    (restore,) = snapshot._parse_workflows(document)
+    assert restore.args == {"url": "wf.war", "workflow_name": "wf", "response_timeout": 30.0}
+    assert restore.scales == {"wf__m1": (2, 3)}
+    registrations, _ = snapshot._parse(document)
+    assert [r["model_name"] for r in registrations] == ["plain"]

@@ -41,8 +41,17 @@ def explain(gateway: Gateway, request: HttpRequest,
     return _forward(gateway, request, params, explain=True)
 
 
+def workflow_predict(gateway: Gateway, request: HttpRequest,
+                     params: Params) -> Awaitable[Answer]:
+    """``POST /wfpredict/{workflow_name}``: sent as a prediction is, with the route's workflow
+    flag; the controller runs the graph (``controller/graphs.py``), its nodes run in workers,
+    and nothing of it runs here. Not streamed: a workflow answers once."""
+    return _forward(gateway, request, {"model_name": params["workflow_name"]}, explain=False,
+                    workflow=True)
+
+
 async def _forward(gateway: Gateway, request: HttpRequest, params: Params,
-                   explain: bool) -> Answer:
+                   explain: bool, workflow: bool = False) -> Answer:
     model = params["model_name"]
     version = params.get("model_version") or None
     headers = request.headers
@@ -58,9 +67,10 @@ async def _forward(gateway: Gateway, request: HttpRequest, params: Params,
         return protocol.prediction(
             rid, model, version, token, protocol.CODEC_TORCHSERVE,
             [("body", headers.get("content-type", ""))], forwarded_headers(headers), [body],
-            explain=explain, timeout_ms=timeout_ms, client=client_network(request.client))
+            explain=explain, timeout_ms=timeout_ms, client=client_network(request.client),
+            workflow=workflow)
 
-    return await gateway.forward(request, frames, stream=True)
+    return await gateway.forward(request, frames, stream=not workflow)
 
 
 async def ping(gateway: Gateway, request: HttpRequest, params: Params) -> Answer:

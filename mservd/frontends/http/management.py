@@ -143,3 +143,36 @@ def clear_traffic(call: Call, model_name: str) -> Response:
 
 def rotate_key(call: Call) -> Response:
     return call("token", {"type": request.args.get("type")})
+
+
+# -- workflows (TorchServe's workflow management API) ------------------------------------------
+
+REGISTER_WORKFLOW_PARAMS = ("url", "workflow_name", "response_timeout", "startup_timeout")
+
+
+def _workflow(name: str) -> dict[str, Any]:
+    return {"workflow": model_and_version(name)["model"]}
+
+
+def register_workflow(call: Call) -> Response:
+    """``POST /workflows``: the parameters in the query, or in a JSON body as TorchServe takes
+    them."""
+    body = request.get_json(silent=True) if request.content_length else None
+    source = body if isinstance(body, dict) else request.args
+    args = {k: source.get(k) for k in REGISTER_WORKFLOW_PARAMS if source.get(k) is not None}
+    if args.get("workflow_name"):
+        _workflow(str(args["workflow_name"]))
+    return call("register_workflow", args)
+
+
+def list_workflows(call: Call) -> Response:
+    return call("list_workflows", {"limit": request.args.get("limit"),
+                                   "next_page_token": request.args.get("next_page_token")})
+
+
+def describe_workflow(call: Call, workflow_name: str) -> Response:
+    return call("describe_workflow", _workflow(workflow_name))
+
+
+def unregister_workflow(call: Call, workflow_name: str) -> Response:
+    return call("unregister_workflow", _workflow(workflow_name))

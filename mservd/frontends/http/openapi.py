@@ -310,6 +310,8 @@ MANAGEMENT_SCHEMAS: dict[str, Any] = {
             "loadedAtStartup": {"type": "boolean"},
             "isDefault": {"type": "boolean"},
             "loadError": {"type": "string", "description": "Why the workers failed to load."},
+            "workflowName": {"type": "string", "description": "The workflow this model is a "
+                                                             "node of (its name is W__node)."},
             "customizedMetadata": {"description": "What the handler's describe_handle() "
                                                   "returned (customized=true)."},
             "workers": {"type": "array", "items": _WORKER},

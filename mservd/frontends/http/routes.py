@@ -181,6 +181,16 @@ _TORCHSERVE = [
             **errors(405, 503),
         })),
     *_predictions(),
+    Route("POST", "/wfpredict/{workflow_name}", inference.workflow_predict, Operation(
+        "workflowPredict", "A prediction of a workflow: its graph of models and functions.",
+        {"200": {"description": "The leaf node's answer as it is; with several leaves, a JSON "
+                                "object of each leaf's answer by its node's name.",
+                 "content": {"*/*": _ANY_CONTENT}},
+         **errors(400, 401, 404, 413, 500, 503, 504)},
+        [path_param("workflow_name", "The workflow's name.")], _PREDICTION_BODY,
+        "The body reaches the start node as a /predictions body does; each next node gets its "
+        "parent's answer as the input `body` (bytes), or one input per parent named by the "
+        "parent's node. A failed node answers with its status and names the node.")),
 ]
 
 
@@ -518,6 +528,38 @@ MANAGEMENT = [
               "200": json_answer("Default version updated.", STATUS),
               **errors(400, 401, 404, 503)}, model_params(True))),
     *_TRAFFIC,
+    Route("POST", "/workflows", management.register_workflow, Operation(
+        "registerWorkflow", "Register a workflow archive (.war) and its nodes as models (needs "
+        "--enable-model-api).", {
+            "200": json_answer("Registered, every node's workers ready.", STATUS),
+            **errors(400, 401, 404, 405, 409, 500, 503)}, [
+            query("url", "The .war: a file directly in the workflow store, or an http(s) URL "
+                         "matching allowed_urls.", {"type": "string"}, required=True),
+            query("workflow_name", "Register under this name instead of the archive's.",
+                  {"type": "string"}),
+            query("response_timeout", "Seconds one /wfpredict may take (default "
+                                      "default_response_timeout).", INT),
+            query("startup_timeout", "Seconds a node's worker may take to load.", INT),
+        ])),
+    Route("GET", "/workflows", management.list_workflows, Operation(
+        "listWorkflows", "The registered workflows, by name.", {
+            "200": json_answer("One page of workflows.", {"type": "object"}),
+            **errors(400, 401, 503)}, [
+            query("limit", "Workflows per page (default 100).", INT),
+            query("next_page_token", "The nextPageToken of the previous page.",
+                  {"type": "string"}),
+        ])),
+    Route("GET", "/workflows/{workflow_name}", management.describe_workflow, Operation(
+        "describeWorkflow", "Describe a workflow: its defaults and its graph.", {
+            "200": json_answer("One description.", {"type": "array"}),
+            **errors(400, 401, 404, 503)},
+        [path_param("workflow_name", "The workflow's name.")])),
+    Route("DELETE", "/workflows/{workflow_name}", management.unregister_workflow, Operation(
+        "unregisterWorkflow", "Unregister a workflow and its node models (needs "
+        "--enable-model-api).", {
+            "200": json_answer("Unregistered.", STATUS),
+            **errors(400, 401, 404, 405, 503)},
+        [path_param("workflow_name", "The workflow's name.")])),
     Route("GET", "/token", management.rotate_key, Operation(
         "rotateKey", "Replace the inference or management key; authorize with the API key.", {
             "200": json_answer("The new key.", {
