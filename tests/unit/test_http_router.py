@@ -172,7 +172,7 @@ def test_inference_routes_refuse_as_before(method, path, status, message) -> Non
 
 @pytest.mark.parametrize(("method", "path", "status", "message"), [
     ("POST", "/dashboard/actions/bogus", 404,
-     "No dashboard action 'bogus': use scale, set-default."),
+     "No dashboard action 'bogus': use scale, set-default, traffic."),
     ("GET", "/dashboard/actions/scale", 405,
      "Method GET is not allowed on /dashboard/actions/scale; use POST."),
     ("POST", "/dashboard/static/a/b", 405,
