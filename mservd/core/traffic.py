@@ -173,7 +173,10 @@ class Health:
             self.samples.popleft()
         _, total0, errors0 = self.samples[0]
         answered, failed = total - total0, errors - errors0
-        self.rate = failed / answered if answered > 0 else 0.0
+        if answered > 0:
+            self.rate = failed / answered
+        elif not self.open(now):
+            self.rate = 0.0  # (a tripped version gets no answers: it shows the rate that tripped it)
         if self.half_open_since is not None and now - self.half_open_since >= self.window_s:
             self.half_open_since = None  # a whole window without a trip: closed again
             self.factor = 1

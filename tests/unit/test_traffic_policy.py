@@ -125,6 +125,8 @@ def test_a_version_past_its_error_rate_trips_then_is_half_open_after_its_cooldow
     assert not health.sample(1.0, 10, 10, 0.2)  # too few answers to judge
     assert health.sample(2.0, 30, 20, 0.2)  # 20 of 30 failed
     assert health.open(2.0) and health.open(6.9) and health.state(3.0) == "tripped"
+    assert not health.sample(3.0, 30, 20, 0.2)  # no answers while tripped ...
+    assert health.rate == 20 / 30  # ... and it still shows the rate that tripped it
     assert not health.open(7.0)
     assert not health.sample(7.0, 30, 20, 0.2)
     assert health.state(7.0) == "half-open"
