@@ -20,8 +20,10 @@ to it and forwarded as the same bytes::
                             DONE     | MSV1D | rid | head | body | rid | head | body | ... |
                             ANSWERED | MSV1A | rid | head | rid | head | ... |
                             CHUNK    | MSV1C | rid | head | body | rid | ... |
-                            STEPPED  | MSV1N |   (a continuous worker finished a step and
-                                               sent nothing for STEP_REPORT_INTERVAL)
+                            STEPPED  | MSV1N | [[[rid, first part at], ...], [gap, ...]]? |
+                                       (a continuous worker's steps go on: said when it sent the
+                                       controller nothing for STEP_REPORT_INTERVAL, and before
+                                       the first part of a stream it sends a frontend itself)
                             METRICS  | MSV1Q | [[name, value, unit, kind, {dim: value}], ...] |
     worker -> frontend      REPLY    | MSV1R | rid | head | body | ... |   (answers sent directly)
                             CHUNK    | MSV1C | rid | head | body | ... |   (... and parts)
@@ -772,9 +774,28 @@ def cancel(rid: bytes) -> list[bytes]:
     return [CANCEL, rid]
 
 
-def stepped() -> list[bytes]:
-    """A continuous worker's word that its steps go on (``STEP_REPORT_INTERVAL``)."""
-    return [STEPPED]
+def stepped(firsts: Sequence[tuple[bytes, float]] = (), gaps: Sequence[float] = ()
+            ) -> list[bytes]:
+    """A continuous worker's word that its steps go on (``STEP_REPORT_INTERVAL``), with what
+    it streamed to frontends itself since it last said so: when each stream's first part went
+    (``time.monotonic()``, one clock for every process of the machine) and the gaps between
+    later parts, for the controller's time-to-first-token and inter-token figures."""
+    if not firsts and not gaps:
+        return [STEPPED]
+    return [STEPPED, packb([[[rid, at] for rid, at in firsts], list(gaps)])]
+
+
+def parse_stepped(frames: Sequence[bytes]) -> tuple[list[tuple[bytes, float]], list[float]]:
+    """A STEPPED message's first parts and gaps (without its kind frame)."""
+    if not frames:
+        return [], []
+    try:
+        firsts, gaps = unpackb(frames[0])
+        return ([(rid, float(at)) for rid, at in firsts if isinstance(rid, bytes)],
+                [float(gap) for gap in gaps])
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(f"a STEPPED message must be [[[rid, at], ...], [gap, ...]]: {exc}"
+                            ) from exc
 
 
 # -- a worker's life: READY, FAILED, METRICS, STOP ---------------------------------------------

@@ -43,6 +43,9 @@ class WorkerSpec(Spec):
     model_yaml: dict[str, Any]
     max_response_size: int
     continuous_batching: bool = False  # run mservd/worker/continuous.py's stepping loop
+    # ... its streams' parts sent to the frontends straight (worker/stream_routes.py); not a
+    # stateful model's, whose parts' heads may end sequences the controller keeps
+    direct_streams: bool = False
     log_level: str = "INFO"
     log_format: str = "plain"
     install_py_dep_per_model: bool = False

@@ -448,7 +448,7 @@ class Controller:
                 if fid is not None and fid != SHADOW:
                     self._queue(self.parts, fid, part)
         elif kind == protocol.STEPPED:  # a continuous worker's steps go on, unstreamed
-            self.scheduler.stepped(worker, now)
+            self.scheduler.stepped(worker, now, *protocol.parse_stepped(frames[2:]))
         elif kind == protocol.READY:
             if self.supervisor.on_ready(worker):
                 worker.job_endpoint = protocol.parse_ready(frames[2])

@@ -92,6 +92,7 @@ class Supervisor:
             threads=cores if gpu_id is None else None,
             model_yaml=mv.model_yaml,
             continuous_batching=mv.settings.continuous_batching,
+            direct_streams=not mv.settings.sequence_batching,
             **self.spec_extra,
         )
         proc = self.zygote.spawn(spec, self._log_for(mv.name).fileno())

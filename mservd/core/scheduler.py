@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mservd import protocol
@@ -537,12 +538,25 @@ class Scheduler:
             running.deadline = step_deadline(running.mv, now)
         return pending.fid
 
-    def stepped(self, worker: WorkerHandle, now: float) -> None:
-        """A continuous worker's STEPPED: its steps go on though they sent nothing (its
-        requests are not streamed), so its step deadline moves."""
+    def stepped(self, worker: WorkerHandle, now: float,
+                firsts: Sequence[tuple[bytes, float]] = (), gaps: Sequence[float] = ()
+                ) -> None:
+        """A continuous worker's STEPPED: its steps go on though they sent the controller
+        nothing, so its step deadline moves. ``firsts`` (rid, when) are streams whose parts it
+        sends their frontends itself, begun: each is timed to its first part and is never run
+        again should the worker die; ``gaps`` are the times between such parts."""
         running = self.running.get(worker.id)
-        if running is not None and running.mv.settings.continuous_batching:
-            running.deadline = step_deadline(running.mv, now)
+        if running is None or not running.mv.settings.continuous_batching:
+            return
+        vm = self.metrics.version(running.mv.key)
+        for rid, at in firsts:
+            pending = running.requests.get(rid)
+            if pending is not None and pending.last_part is None:
+                vm.first_part.observe(max(0.0, at - pending.arrived))
+                pending.last_part = at
+        for gap in gaps:
+            vm.between_parts.observe(gap)
+        running.deadline = step_deadline(running.mv, now)
 
     def finished(self, worker: WorkerHandle, results: list[protocol.Result], now: float,
                  answered: bool = False) -> list[Action]:

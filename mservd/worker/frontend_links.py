@@ -58,13 +58,26 @@ class FrontendLinks:
         grouped = self.grouped(requests, results, streamed)
         if grouped is None:
             return None
-        try:
-            for fid in grouped:
-                if not cast(int, self._link(fid).getsockopt(zmq.EVENTS)) & zmq.POLLOUT:
-                    return None  # not connected (yet), or its queue is full
-        except (zmq.ZMQError, UnicodeDecodeError):
-            return None
+        if not all(self.can_take(fid) for fid in grouped):
+            return None  # not connected (yet), or its queue is full
         return grouped
+
+    def warm(self, fid: bytes) -> None:
+        """Start connecting to frontend ``fid`` (in the background), if a worker may."""
+        if self.prefix is not None and fid.startswith(self.prefix):
+            try:
+                self._link(fid)
+            except (zmq.ZMQError, UnicodeDecodeError):
+                pass
+
+    def can_take(self, fid: bytes) -> bool:
+        """Whether frontend ``fid`` can take a message from this worker this moment."""
+        if self.prefix is None or not fid.startswith(self.prefix):
+            return False
+        try:
+            return bool(cast(int, self._link(fid).getsockopt(zmq.EVENTS)) & zmq.POLLOUT)
+        except (zmq.ZMQError, UnicodeDecodeError):
+            return False
 
     def send_reachable(self, grouped: dict[bytes, list[protocol.Result]]) -> None:
         """Send what :meth:`reachable` found could go. The controller has been told they went:

@@ -34,6 +34,7 @@ from mservd.worker.handler_metrics import ship_metrics
 from mservd.worker.job_socket import JobSocket
 from mservd.worker.loading import load, set_threads
 from mservd.worker.stdout import TaggedStream
+from mservd.worker.stream_routes import StreamRoutes
 
 log = logging.getLogger("mservd.worker")
 POLL_MS = 1000
@@ -68,7 +69,8 @@ def serve(spec: WorkerSpec) -> int:
         sock.send_multipart(protocol.ready(os.getpid()))
         _log_ready(spec, began)
         return serve_continuous(sock, handler, context, spec.worker_id, parent,
-                                spec.max_response_size, threads)
+                                spec.max_response_size, threads,
+                                StreamRoutes(links if spec.direct_streams else None))
     jobs = JobSocket.bind(spec.endpoint) if spec.lendable else None
     sock.send_multipart(protocol.ready(os.getpid(), None if jobs is None else jobs.endpoint))
     _log_ready(spec, began)

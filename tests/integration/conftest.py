@@ -23,6 +23,29 @@ import pytest
 import requests
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def spawn_worker(run_dir: Path, handler_file: str, batch_size: int = 4,
+                 **spec: Any) -> subprocess.Popen:
+    """A real worker process (``python -m mservd.worker``) for the fixture handler
+    ``handler_file``, its controller socket ``<run_dir>/backend.sock`` (the test binds it)."""
+    import shutil
+
+    from mservd.specs import WorkerSpec
+
+    model_dir = run_dir / "model"
+    model_dir.mkdir()
+    shutil.copy(REPO / "tests" / "fixtures" / "handlers" / handler_file, model_dir)
+    name = Path(handler_file).stem
+    manifest = {"model": {"modelName": name, "modelVersion": "1.0", "handler": handler_file}}
+    worker = WorkerSpec(worker_id="9000", endpoint=f"ipc://{run_dir}/backend.sock",
+                        model_name=name, version="1.0", model_dir=str(model_dir),
+                        manifest=manifest, handler=handler_file, batch_size=batch_size,
+                        gpu_id=None, threads=1, model_yaml={}, max_response_size=1 << 20,
+                        **spec)
+    return subprocess.Popen([sys.executable, "-m", "mservd.worker", worker.to_json()], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 FIXTURE_HANDLERS = REPO / "tests" / "fixtures" / "handlers"
 START_TIMEOUT = 180.0
 

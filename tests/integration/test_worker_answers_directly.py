@@ -7,36 +7,14 @@ would be, in one run folder, so that what crosses the process boundary is the wo
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import zmq
+from conftest import spawn_worker
 
 from mservd import protocol
-from mservd.specs import WorkerSpec
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "handlers"
-REPO = Path(__file__).resolve().parents[2]
-
-
-def start_worker(run_dir: Path) -> subprocess.Popen:
-    model_dir = run_dir / "model"
-    model_dir.mkdir()
-    shutil.copy(FIXTURES / "echo_handler.py", model_dir)
-    manifest = {"model": {"modelName": "echo", "modelVersion": "1.0",
-                          "handler": "echo_handler.py"}}
-    spec = WorkerSpec(worker_id="9000", endpoint=f"ipc://{run_dir}/backend.sock",
-                      model_name="echo", version="1.0", model_dir=str(model_dir),
-                      manifest=manifest, handler="echo_handler.py", batch_size=4, gpu_id=None,
-                      threads=1, model_yaml={}, max_response_size=1 << 20)
-    return subprocess.Popen([sys.executable, "-m", "mservd.worker", spec.to_json()], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def job(rid: bytes, fid: bytes) -> list[bytes]:
@@ -55,7 +33,7 @@ def test_a_worker_sends_its_answers_to_the_frontend_and_the_controller_only_thei
     frontend.setsockopt(zmq.LINGER, 0)
     fid = protocol.reply_endpoint(f"ipc://{tmp_path}/frontend.sock", 1, "test")
     frontend.bind(fid)
-    worker = start_worker(tmp_path)
+    worker = spawn_worker(tmp_path, "echo_handler.py")
     try:
         assert controller.poll(60_000), "the worker never said it was ready"
         identity, kind, _ = controller.recv_multipart()
