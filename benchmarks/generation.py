@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.generation [--rounds 3] [--seconds 10] [--streams 1,4,16,32]
                                              [--no-torchserve] [--only mservd,torchserve]
+                                             [--before-code CHECKOUT]
 
 Each system gets closed loops of 1, 4, 16 and 32 concurrent clients; every request asks for
 64 new tokens (EOS ignored) after one of a few fixed prompts, and each client sends its next
@@ -12,6 +13,9 @@ time to first token p50/p99, inter-token latency p50/p99. The systems:
   ``POST /predictions/smollm2`` in HTTP chunks (one per step);
 - ``torchserve``: TorchServe 0.12 serving the same ``.mar`` with its own continuous batching,
   same route and client (skipped when it is not installed or does not start);
+- ``mservd before`` (with ``--before-code CHECKOUT``): the daemon's code of another checkout
+  (put first on ``PYTHONPATH``, so its every process runs it) serving the same archive: a
+  before/after of the serving path alone;
 - ``one at a time``: ``generate()`` per request in this process, one after another (KServe's
   Hugging Face fallback serves this way);
 - ``static batching``: this process, batches of up to 8 taken after a 5 ms wait, each batch
@@ -214,8 +218,20 @@ def one_batch(model: Local, size: int) -> dict:
 
 # -- the run ----------------------------------------------------------------------------
 
+class MservdFrom(Mservd):
+    """mservd run from another checkout's code, on this checkout's model store."""
+
+    def __init__(self, code: Path, *args: Any) -> None:
+        super().__init__(*args)
+        self.code = code
+
+    def command(self, models: list[str]) -> tuple[list[str], dict[str, str]]:
+        cmd, env = super().command(models)
+        return cmd, {**env, "PYTHONPATH": str(self.code)}
+
+
 def run(seconds: float, streams: list[int], with_torchserve: bool, rounds: int,
-        only: set[str] | None = None) -> dict[str, Any]:
+        only: set[str] | None = None, before_code: Path | None = None) -> dict[str, Any]:
     """Every system in turn, ``rounds`` times, the order reversed every other round (A, B, C,
     then C, B, A): each figure's median and range over the rounds."""
     store = REPO / "model_store"
@@ -223,11 +239,14 @@ def run(seconds: float, streams: list[int], with_torchserve: bool, rounds: int,
     if not archive.exists():
         raise SystemExit("Build the sample first: make samples")
     served_systems: list[tuple[str, Any]] = [("mservd", lambda: Mservd(store, 1, 16, 5))]
+    if before_code is not None:
+        served_systems.append(("mservd before",
+                               lambda: MservdFrom(before_code, store, 1, 16, 5)))
     if with_torchserve and torchserve_available() is None:
         served_systems.append(("torchserve", lambda: TorchServe(store, 1, 16, 5)))
     served_systems = [(n, make) for n, make in served_systems if only is None or n in only]
     model = None
-    if only is None or only - {"mservd", "torchserve"}:
+    if only is None or only - {"mservd", "torchserve", "mservd before"}:
         folder = RESULTS / "smollm2-model"
         stamp = folder / "config.json"
         if not stamp.exists() or stamp.stat().st_mtime < archive.stat().st_mtime:
@@ -326,11 +345,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--streams", default="1,4,16,32")
     parser.add_argument("--no-torchserve", action="store_true")
-    parser.add_argument("--only", help="comma-separated: mservd, torchserve (served only)")
+    parser.add_argument("--only", help="comma-separated: mservd, torchserve, mservd before "
+                                       "(served only)")
+    parser.add_argument("--before-code", type=Path,
+                        help="another checkout whose daemon code also serves, as 'mservd before'")
     args = parser.parse_args(argv)
     streams = [int(n) for n in args.streams.split(",")]
     only = set(args.only.split(",")) if args.only else None
-    results = run(args.seconds, streams, not args.no_torchserve, args.rounds, only)
+    results = run(args.seconds, streams, not args.no_torchserve, args.rounds, only,
+                  args.before_code)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"generation-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(results, indent=2))
