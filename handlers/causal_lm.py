@@ -55,8 +55,9 @@ on the CPU; or ``float32``, ``bfloat16``, ``float16``), ``max_new_tokens`` (the 
 ``max_prompt_characters`` (a prompt's characters before it is tokenised, or of all its
 messages; default 16 per token of ``max_prompt_tokens``), ``max_messages`` (default 1024) and
 ``prefill_tokens`` (the tokens one step runs: default 512 on the CPU, 2048 on a GPU),
-``stream_step_tokens`` (the tokens one step runs while sequences decode: default a quarter of
-``prefill_tokens``, so that a long prompt's chunks stretch the streams' next tokens less) and
+``stream_step_tokens`` (the tokens one step runs while sequences decode: default 64 on the CPU,
+a quarter of ``prefill_tokens`` on a GPU, so that a long prompt's chunks stretch the streams'
+next tokens less) and
 ``prefix_caching`` (default true; false computes every prompt in full, as vLLM's
 ``--no-enable-prefix-caching``); its top level ``kvCacheMemory`` (see ``paged_engine.kv_memory``).
 """
@@ -86,6 +87,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_PREFILL_TOKENS = {"cpu": 512, "cuda": 2048}  # tokens one step runs (prefill and decode)
+# tokens one step runs while sequences decode: on the CPU 64 kept the streams' longest gap
+# beside a 1,500-token prompt at 2.6x their median (128: 4.0x) for 1.5x that prompt's first
+# token (BENCHMARKS.md, issue 47); elsewhere a quarter of prefill_tokens
+DEFAULT_STREAM_STEP_TOKENS = {"cpu": 64}
 DEFAULT_MAX_MESSAGES = 1024
 CHARACTERS_PER_TOKEN = 16  # the default character bound, per token of max_prompt_tokens
 READ_WAIT = 0.05  # seconds a step with nothing to decode waits for a request being read
@@ -203,7 +208,8 @@ class CausalLM:
         self.native_tools = tool_calls.knows_tools(self.tokenizer)
         budget = paged_engine.kv_budget(self.model, config.get("kvCacheMemory"), self.device)
         prefix_caching = str(handler_config.get("prefix_caching", True)).lower() != "false"
-        stream_tokens = handler_config.get("stream_step_tokens")
+        stream_tokens = handler_config.get("stream_step_tokens",
+                                           DEFAULT_STREAM_STEP_TOKENS.get(self.device.type))
         self.engine = paged_engine.PagedEngine(
             self.model, budget, self.prefill_tokens, self.sample, prefix_caching,
             int(stream_tokens) if stream_tokens is not None else None)
