@@ -55,11 +55,25 @@ def unpack_archive(path: Path, dest: Path,
     return manifest, model_yaml
 
 
+def archive_workers_first(api: dict[str, Any], model_yaml: dict[str, Any]) -> dict[str, Any]:
+    """A workflow node's call settings, less its worker counts when its archive's
+    model-config.yaml sets its own (minWorkers and maxWorkers, 0 < min <= max): TorchServe
+    registers a node with the spec's max-workers unless the .mar says so (``handleRegister``)."""
+    try:
+        low, high = int(model_yaml["minWorkers"]), int(model_yaml["maxWorkers"])
+    except (KeyError, TypeError, ValueError):
+        return api
+    if not 0 < low <= high:
+        return api
+    return {**api, "min_worker": None, "max_worker": None, "initial_workers": None}
+
+
 class Registration:
     """A register call from its arguments to its answer (``respond``, called once)."""
 
     def __init__(self, ctl: ModelService, store: ModelStore, limits: UnpackLimits,
-                 args: dict[str, Any], respond: Respond, startup: bool) -> None:
+                 args: dict[str, Any], respond: Respond, startup: bool,
+                 archive_workers: bool = False) -> None:
         self.ctl = ctl
         self.store = store
         self.limits = limits
@@ -71,6 +85,7 @@ class Registration:
                              "store, e.g. url=resnet18.mar.")
         self.synchronous = flag(args.get("synchronous"), True)
         self.api_args = {k: args.get(k) for k in API_KEYS}
+        self.archive_workers = archive_workers  # a workflow node: its .mar's worker counts win
         self.remote = urllib.parse.urlsplit(str(self.url)).scheme in ("http", "https")
         self.fetched: list[Path] = []  # what this call downloaded into the store
         self._respond = respond
@@ -167,8 +182,10 @@ class Registration:
         """Add the version and start its workers; an unpacked copy goes if that fails."""
         ctl, url = self.ctl, self.url
         try:
+            api = archive_workers_first(self.api_args, model_yaml) if self.archive_workers \
+                else self.api_args
             settings = resolve_model_settings(ctl.settings, name, version,
-                                              model_yaml=model_yaml, api=self.api_args,
+                                              model_yaml=model_yaml, api=api,
                                               gpu_count=ctl.gpu_count)
             check_total_workers(ctl, settings.min_workers)
             handler = self.args.get("handler") or doc["model"].get("handler")

@@ -221,7 +221,8 @@ class NodeRegistrations:
         ctl, entry = self.workflows.ctl, self.entry
         for node in entry.spec.nodes.values():
             s = node.settings
-            # TorchServe's rule: a node runs max-workers workers (min = max)
+            # TorchServe's rule: a node runs max-workers workers (min = max), unless its .mar's
+            # model-config.yaml sets minWorkers and maxWorkers
             args = {"url": node.url if not isinstance(node, FunctionNode) else entry.url,
                     "model_name": node.model, "batch_size": s.batch_size,
                     "max_batch_delay": s.max_batch_delay, "min_worker": s.max_workers,
@@ -229,7 +230,8 @@ class NodeRegistrations:
                     "response_timeout": int(self.timeouts["response_timeout"]),
                     "startup_timeout": int(self.timeouts["startup_timeout"])}
             registration = Registration(ctl, self.workflows.models, self.workflows.limits, args,
-                                        self._answered(node.name), startup=False)
+                                        self._answered(node.name), startup=False,
+                                        archive_workers=True)
             try:
                 if isinstance(node, FunctionNode):
                     doc = {"runtime": "python", "model": {

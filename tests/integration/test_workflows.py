@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import REPO, wait_until
+from conftest import REPO, wait_until, write_archive
 
 _spec = importlib.util.spec_from_file_location(
     "workflow_archives", REPO / "tests" / "fixtures" / "workflows" / "archive.py")
@@ -174,6 +174,28 @@ def test_management_wording_and_shapes(daemon_factory, wars):
     wait_until(lambda: not daemon.manage("GET", "/models").json()["models"], 30,
                "the node models to go")
     assert daemon.manage("GET", "/workflows").json() == {"workflows": []}
+
+
+def test_a_node_whose_mar_sets_its_workers_keeps_them_and_takes_the_specs_batching(
+        daemon_factory, wars, store):
+    """TorchServe's rule: the spec's max-workers unless the .mar's model-config.yaml sets
+    minWorkers and maxWorkers; batch-size and max-batch-delay always the spec's."""
+    daemon = daemon_factory(MODEL_API, args=("--disable-token-auth",))
+    write_archive(store, "echotwo", "echo_handler.py",
+                  config={"minWorkers": 2, "maxWorkers": 2, "batchSize": 8})
+    workflow_archives.write_workflow_archive(
+        store, "echo_chain", name="own_workers",
+        spec="models: {max-workers: 1, batch-size: 3, echo: {url: echotwo.mar}}\n"
+             "dag: {echo: [post]}\n")
+    answer = register(daemon, "own_workers.war")
+    assert answer.status_code == 200, answer.text + daemon.logs()
+    echo = daemon.describe("own_workers__echo")[0]
+    assert (echo["minWorkers"], echo["maxWorkers"], echo["batchSize"]) == (2, 2, 3)
+    wait_until(lambda: len(daemon.describe("own_workers__echo")[0]["workers"]) == 2, 60,
+               "the node's two workers")
+    post = daemon.describe("own_workers__post")[0]  # a function node: one worker
+    assert (post["minWorkers"], post["maxWorkers"]) == (1, 1)
+    assert wfpredict(daemon, "own_workers", json={"x": 1}).status_code == 200
 
 
 def test_a_bad_spec_is_a_400_and_a_failing_node_rolls_back(daemon_factory, wars, store):
