@@ -251,6 +251,22 @@ def with_key(message: list[bytes], key: str | None) -> list[bytes]:
     return out
 
 
+def group_key(group: str, key: str | None) -> str:
+    """The traffic key of one of several requests that must reach one version (the choices of
+    one OpenAI request), carrying the client's own key. It starts with a NUL, which gunicorn
+    and gRPC refuse in a header or metadata value (a client that sent one would only pick its
+    own version, as naming the version in its path does)."""
+    return f"\0{group}\0{key or ''}"
+
+
+def split_key(key: str | None) -> tuple[str | None, str | None]:
+    """A route's traffic key as (its group, the client's key); see :func:`group_key`."""
+    if key is None or not key.startswith("\0"):
+        return None, key
+    group, _, own = key[1:].partition("\0")
+    return group, own or None
+
+
 def route_frame(route: Route) -> bytes:
     """The route header of ``route``, 13 items."""
     return packb([route.rid, route.model, route.version, route.token, route.timeout_ms,

@@ -218,8 +218,9 @@ class Scheduler:
                 return False
             return True
 
-        key = route.key or route.sequence  # a sequence's requests stay together
-        return self.traffic.choose(policy, list(by_version), eligible, key)
+        group, key = protocol.split_key(route.key)
+        key = key or route.sequence  # a sequence's requests stay together
+        return self.traffic.choose(policy, list(by_version), eligible, key, group)
 
     def review_traffic(self, now: float) -> list[tuple[str, str, float]]:
         """Sample each bounded version's answers (``Traffic.review``): the versions whose

@@ -246,10 +246,15 @@ class Traffic:
         return health is not None and health.open(now)
 
     def choose(self, policy: TrafficPolicy, order: list[str], eligible: Callable[[str], bool],
-               key: str | None) -> str | None:
+               key: str | None, group: str | None = None) -> str | None:
         """The version of one request: by its key's point when the policy is sticky and the
-        request has a key, else by a fresh draw (None: no version eligible)."""
-        point = key_point(key) if policy.sticky and key else self.draw()
+        request has a key, else by its group's point (requests that must meet one version: a
+        fresh id hashes as a draw would fall), else by a fresh draw (None: no version
+        eligible)."""
+        if policy.sticky and key:
+            point = key_point(key)
+        else:
+            point = key_point(group) if group else self.draw()
         return pick(policy.weights, order, eligible, point)
 
     def shadows(self, policy: TrafficPolicy) -> list[str]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import base64
 import json
 import math
+import shutil
 import struct
+import zipfile
 
 import openai
 import pytest
@@ -240,6 +242,53 @@ def test_a_client_that_leaves_a_stream_of_choices_frees_every_choices_slot(daemo
                                  "n": 2})
     assert second.status_code == 200, second.text
     assert second.json()["usage"]["completion_tokens"] == 6
+
+
+def smollm2_as(store, name: str, version: str) -> str:
+    """The SmolLM2 sample archived again as model ``name`` version ``version`` (its manifest
+    rewritten, every other file copied as it is); its file name in the store."""
+    file_name = f"{name}-{version}.mar"
+    with zipfile.ZipFile(store / "smollm2.mar") as source, \
+            zipfile.ZipFile(store / file_name, "w") as copy:
+        for info in source.infolist():
+            if info.filename == "MAR-INF/MANIFEST.json":
+                manifest = json.loads(source.read(info))
+                manifest["model"].update(modelName=name, modelVersion=version)
+                copy.writestr(info, json.dumps(manifest))
+                continue
+            with source.open(info) as part, copy.open(info, "w") as out:
+                shutil.copyfileobj(part, out, 1 << 20)
+    return file_name
+
+
+def test_the_choices_of_one_request_meet_one_version_of_a_split_model(daemon, store) -> None:
+    """Versions sharing traffic 50/50, no sticky key: each request's four choices are served
+    by one version (drawn independently, all four agree 1 time in 8)."""
+    for version in ("1.0", "2.0"):
+        added = daemon.manage("POST", f"/models?url={smollm2_as(store, 'splitlm', version)}"
+                                      "&initial_workers=1&synchronous=true")
+        assert added.status_code == 200, added.text
+    try:
+        assert daemon.manage("PUT", "/models/splitlm/traffic",
+                             json={"1.0": 50, "2.0": 50}).status_code == 200
+
+        def counted() -> tuple[float, float]:
+            metrics = daemon.metrics()
+            return tuple(metrics.get(f'ts_inference_requests_total{{model_name="splitlm",'
+                                     f'model_version="{v}"}}', 0.0) for v in ("1.0", "2.0"))
+
+        for _ in range(12):
+            before = counted()
+            answer = post(daemon, "/v1/completions", {"model": "splitlm", "prompt": "Hi",
+                                                      "n": 4, "max_tokens": 1})
+            assert answer.status_code == 200, answer.text
+            assert len(answer.json()["choices"]) == 4
+            after = counted()
+            assert sorted(a - b for a, b in zip(after, before)) == [0, 4], (before, after)
+    finally:
+        daemon.manage("DELETE", "/models/splitlm/traffic")
+        for version in ("1.0", "2.0"):
+            daemon.manage("DELETE", f"/models/splitlm/{version}")
 
 
 def test_one_failing_choice_fails_the_request(client) -> None:

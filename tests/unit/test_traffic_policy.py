@@ -206,6 +206,35 @@ def test_unversioned_requests_go_where_the_draw_falls_and_versioned_ones_where_t
     assert sent_to(s.submit(FRONTEND, explicit, [], 1.0)) == [("2.0", FRONTEND, b"c")]
 
 
+def test_the_requests_of_one_group_meet_one_version_and_groups_share_as_weighted() -> None:
+    """The choices of one OpenAI request (one group) reach one version, sticky or not; a
+    sticky policy still follows the client's own key."""
+    weights = {"1.0": 50, "2.0": 50}
+    s, _ = split(TrafficPolicy(weights), [])  # no draw is taken for a group
+    groups = [f"g{i}" for i in range(400)]
+    seen = {}
+    for group in groups:
+        key = protocol.group_key(group, None)
+        versions = {s.pick_version(protocol.Route(b"r", "m", None, None, key=key), s.registry
+                                   .traffic("m"), 1.0) for _ in range(4)}
+        assert len(versions) == 1, group
+        seen[group] = versions.pop()
+    assert 150 < sum(v == "2.0" for v in seen.values()) < 250  # Binomial(400, .5): 5 sigma
+    sticky, _ = split(TrafficPolicy(weights, sticky=True), [])
+    for group in groups[:50]:
+        route = protocol.Route(b"r", "m", None, None, key=protocol.group_key(group, "user-7"))
+        assert sticky.pick_version(route, sticky.registry.traffic("m"), 1.0) == \
+            sticky.traffic.choose(TrafficPolicy(weights, sticky=True), ["1.0", "2.0"],
+                                  lambda v: True, "user-7")
+
+
+def test_a_group_key_carries_the_clients_key_and_a_plain_key_is_no_group() -> None:
+    assert protocol.split_key(protocol.group_key("g", "user-7")) == ("g", "user-7")
+    assert protocol.split_key(protocol.group_key("g", None)) == ("g", None)
+    assert protocol.split_key("user-7") == (None, "user-7")
+    assert protocol.split_key(None) == (None, None)
+
+
 def test_a_version_without_a_live_worker_gets_no_traffic_and_causes_no_refusal() -> None:
     s, mvs = split(TrafficPolicy({"1.0": 50, "2.0": 50}), [0.99] * 3)
     for worker in mvs["2.0"].workers.values():

@@ -59,10 +59,12 @@ class Gateway:
                                           api=protocol.API_INFERENCE)
 
     async def forward(self, request: HttpRequest, frames: FrameBuilder, stream: bool = False,
-                      shape: str = TORCHSERVE, door: bool = True) -> Answer:
+                      shape: str = TORCHSERVE, door: bool = True,
+                      group: str | None = None) -> Answer:
         """One prediction through the door to the controller and back; the answer is relayed
         as it is, errors in the route's ``shape``. Without ``door`` (a route whose model is
-        named in its body) only the controller refuses overload."""
+        named in its body) only the controller refuses overload. Requests of one ``group``
+        reach one version of a model whose versions share its traffic."""
         path = request.path
         refusal = self.door.refusal(path) if door else None
         if refusal is not None:
@@ -80,8 +82,9 @@ class Gateway:
             rid_text = str(uuid.uuid4())
             rid = rid_text.encode()
             # every protocol's routes get the traffic key here, the one way they all pass
+            key = request.headers.get(self.key_header)
             message = protocol.with_key(frames(rid, payload),
-                                        request.headers.get(self.key_header))
+                                        key if group is None else protocol.group_key(group, key))
             request.on_hang_up(lambda: self.bridge.cancel(rid))
             self.shedder.busy += 1
             try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 
 from mservd import protocol
 from mservd.errors import MservdError, ResourceNotFound
@@ -73,12 +74,14 @@ async def _generation(gateway: Gateway, request: HttpRequest, kind: str) -> Answ
     except FieldError as exc:
         return field_refused(exc)
     except _Choices as several:
+        group = str(uuid.uuid4())  # the choices of one request: one version of the model
+
         async def forward(again: HttpRequest, choice: OpenAIRequest) -> Answer:
             def one(rid: bytes, body: bytes) -> list[bytes]:
                 return _prediction(gateway, again, kind, rid, choice)
 
             return _answer(await gateway.forward(again, one, stream=True, shape=OPENAI,
-                                                 door=False), kind)
+                                                 door=False, group=group), kind)
 
         return await fan_out(request, several.choices, several.checked.n, forward)
 

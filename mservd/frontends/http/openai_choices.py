@@ -3,10 +3,11 @@ request to the worker, merged into one answer.
 
 Each choice travels as a request of its own (``OpenAIRequest.choices``), so the generation
 engine batches them like any others and its prefix cache shares the prompt's KV blocks among
-the choices of one prompt. Their answers become one: a whole answer lists the choices, each
-with its ``index``; a streamed one interleaves their chunks as they come, each carrying its own
-``index`` and the first choice's ``id``, and ends with one usage chunk (when asked) and one
-``data: [DONE]``. Usage counts each prompt's tokens once (as OpenAI's does: the choices of a
+the choices of one prompt; they carry one group key, so a model whose versions share its
+traffic serves them all from one version (``protocol.group_key``). Their answers become one:
+a whole answer lists the choices, each with its ``index``; a streamed one interleaves their
+chunks as they come, each carrying its own ``index`` and the first choice's ``id``, and ends
+with one usage chunk (when asked) and one ``data: [DONE]``. Usage counts each prompt's tokens once (as OpenAI's does: the choices of a
 prompt share it) and every choice's completion tokens. The first choice that fails fails the
 request: the others are cancelled (their slots freed) and its error is the answer.
 
