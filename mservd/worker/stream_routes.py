@@ -11,7 +11,8 @@ never overtake each other on two roads.
 What the controller still hears of a sequence that goes straight:
 - its first part, *before* it goes (STEPPED with its time): a request that has sent its client
   parts is never run again when its worker dies, and time to first token is measured;
-- the gaps between its parts, with the next STEPPED (at most every ``STEP_REPORT_INTERVAL``);
+- the gaps between its parts, with the next STEPPED (at most every ``STEP_REPORT_INTERVAL``,
+  and before its end);
 - its end, as ANSWERED, before the answer goes (as a classic worker does).
 """
 
@@ -115,6 +116,8 @@ class StreamRoutes:
             else:
                 straight.setdefault(fid, []).append(result)
         if straight:
+            if self.gaps:  # told by a stream's end at the latest: the worker may go idle now
+                sock.send_multipart(protocol.stepped(gaps=self.take_gaps()))
             sock.send_multipart(protocol.answered(r for rs in straight.values() for r in rs))
             for fid, results in straight.items():
                 if not self.links or not self.links.send(fid, protocol.replies(results)):

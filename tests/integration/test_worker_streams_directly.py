@@ -97,6 +97,7 @@ def test_a_continuous_worker_streams_to_the_frontend_and_tells_the_controller_be
         later = [protocol.parse_stepped(m[1:]) for m in at_controller[1:-1]]
         assert all(not f for f, _ in later)
         reported = gaps + [g for _, gs in later for g in gs]
+        assert len(reported) == 2  # one a part after the first, all told by the end
         assert all(0.1 < g < 5.0 for g in reported)  # steps of 0.2 s apart
         [(answered, head)] = [(r.rid, r.head) for r in
                               protocol.parse_answered(at_controller[-1][1:])]
