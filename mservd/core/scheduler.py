@@ -762,12 +762,18 @@ class Scheduler:
                 when = mv.sequences.next_wakeup(now)
                 if when is not None and when < soonest:
                     soonest = when
+            elif len(mv.batcher) and mv.settings.continuous_batching:
+                # a slot frees only by a worker's answer, which wakes the loop itself: only a
+                # deadline is due (a batch delay passed with every slot taken made it spin)
+                when = mv.queue.next_wakeup(False)
+                if when is not None and when < soonest:
+                    soonest = when
             elif len(mv.batcher):
                 busy = any(w.id in self.running for w in mv.workers.values())
-                # a continuous worker takes more while it runs; any other only when it is idle:
-                # past its batch delay a queue with none idle would wake the loop in a spin (a
-                # lent or recalled worker is not idle here: its RETURNED wakes the loop)
-                idle = mv.settings.continuous_batching or any(
+                # a worker takes a batch only when it is idle: past its batch delay a queue
+                # with none idle would wake the loop in a spin (a lent or recalled worker is
+                # not idle here: its RETURNED wakes the loop)
+                idle = any(
                     w.is_serving and w.id not in self.running and self.leases.available(w)
                     for w in mv.workers.values())
                 when = mv.queue.next_wakeup(busy, idle)

@@ -329,6 +329,22 @@ def test_continuous_batching_fills_free_slots_at_once_and_answers_each_request_a
     assert s.is_busy(first.worker)
 
 
+def test_continuous_batching_with_every_slot_taken_wakes_only_for_a_queued_deadline() -> None:
+    s, mv = setup(settings=Settings(), batch_size=2, max_batch_delay=5)
+    mv.settings = dataclasses.replace(mv.settings, continuous_batching=True)
+    [first] = s.submit(FRONTEND, route(b"a", 0.0), [], now=0.0)
+    s.submit(FRONTEND, route(b"b", 0.0), [], now=0.0)
+    assert s.submit(FRONTEND, route(b"c", 0.001, timeout_ms=30_000.0), [], now=0.001) == []
+    # its batch delay passed at 0.006, but no slot is free: only an answer can start it, and
+    # that wakes the loop itself (the loop spun at 0.6 of a core till then: 20 streams on 16
+    # slots made 20 tokens/s where 16 streams made 88)
+    assert s.next_wakeup(soonest=100.0, now=0.5) == pytest.approx(30.001)
+    assert s.tick(now=0.5) == []
+    actions = s.finished(first.worker, [ok(b"a")], now=1.0)
+    assert kinds(actions) == ["Forward", "SendBatch"]
+    assert [p.rid for p in actions[1].requests] == [b"c"]
+
+
 def test_continuous_batching_spreads_new_sequences_over_the_workers_running_fewest() -> None:
     s, mv = setup(workers=2, settings=Settings(), batch_size=4)
     mv.settings = dataclasses.replace(mv.settings, continuous_batching=True)
