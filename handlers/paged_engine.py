@@ -10,10 +10,10 @@ then as much of a prompt as the budget leaves). Its public API runs all of that 
 its own; :class:`PagedEngine` runs it here, one step per call and no thread, through the batch
 processor's ``prepare_next_batch`` / ``_generation_step`` / ``update_batch``, with two changes of
 its own: the step's token budget shrinks while sequences decode (``streaming_batch_tokens``),
-and attention runs per sequence (:func:`varlen_sdpa`) instead of over the whole step under a
-mask. Those names are semi-private and change between minor versions: pyproject.toml pins
-``transformers==5.25.*`` and ``tests/unit/test_paged_engine.py`` fails loudly when an upgrade
-breaks them.
+and each sequence attends to its own keys alone (:func:`varlen_sdpa`; decoding ones of like
+lengths in one call) instead of the whole step under a mask. Those names are semi-private and
+change between minor versions: pyproject.toml pins ``transformers==5.25.*`` and
+``tests/unit/test_paged_engine.py`` fails loudly when an upgrade breaks them.
 
 The engine owns the KV cache and who runs in a step. It does not read requests, pick tokens
 (the caller's ``pick`` does, for each sequence that gets one: its sampling settings and seed
@@ -29,7 +29,7 @@ import queue
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -143,15 +143,19 @@ def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, attention_mask: torch.Tensor | None,
                 scaling: float | None = None, dropout: float = 0.0,
                 **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Attention for a step of the paged engine, one sequence at a time.
+    """Attention for a step of the paged engine: each sequence's queries attend to its own
+    keys only.
 
     transformers' SDPA path for continuous batching attends every query of the step to every
     key read for it, under a block-diagonal mask of (step tokens × all keys read): a 512-token
     prefill chunk beside 15 running sequences of 500 tokens costs 512 × 8,000 scores a head,
     and a step's time grew from 1.5 s to 4.6 s as the sequences grew (16 mixed prompts, this
-    2-core box). Here each sequence's queries attend to its own keys only (the queries are the
-    last positions of its keys: causal from the bottom right), so a step costs the sum of its
-    sequences' own (queries × keys). Outside the engine (no ``cu_seq_lens_q``) it is plain SDPA.
+    2-core box). Here a step costs about the sum of its sequences' own (queries × keys): a
+    prompt (or a chunk of one: its queries are the last positions of its keys, causal from the
+    bottom right) attends alone; the decoding sequences (one query each) attend together, in
+    groups of similar lengths padded to the longest of their group (:class:`DecodeGroup`),
+    one call a group instead of one a sequence. Outside the engine (no ``cu_seq_lens_q``) it
+    is plain SDPA.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -163,20 +167,101 @@ def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     heads, positions, dim = query.shape[1], query.shape[2], query.shape[3]
     out = query.new_zeros(1, heads, positions, dim)
     gqa = key.shape[1] != heads
-    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
-    for i in range(len(bounds_q) - 1):
-        q0, q1, k0, k1 = bounds_q[i], bounds_q[i + 1], bounds_k[i], bounds_k[i + 1]
-        if q1 <= q0:
-            continue
+    plan = StepPlan.of(cu_q, cu_k, query.device)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for q0, q1, k0, k1 in plan.alone:
         q_len, k_len = q1 - q0, k1 - k0
         mask = None
         if 1 < q_len < k_len:  # a chunk after the sequence's cached tokens
             mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(
                 k_len - q_len)
-        out[:, :, q0:q1] = torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, q0:q1], key[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask,
-            is_causal=q_len == k_len and q_len > 1, scale=scaling, enable_gqa=gqa)
+        out[:, :, q0:q1] = sdpa(query[:, :, q0:q1], key[:, :, k0:k1], value[:, :, k0:k1],
+                                attn_mask=mask, is_causal=q_len == k_len and q_len > 1,
+                                scale=scaling, enable_gqa=gqa)
+    for group in plan.groups:
+        rows, width = group.rows.numel(), group.width
+        keys = key[0].index_select(1, group.keys).view(-1, rows, width, dim).transpose(0, 1)
+        values = value[0].index_select(1, group.keys).view(-1, rows, width, dim).transpose(0, 1)
+        queries = query[0].index_select(1, group.rows).transpose(0, 1).unsqueeze(2)
+        got = sdpa(queries, keys, values, attn_mask=group.mask, scale=scaling, enable_gqa=gqa)
+        out[0].index_copy_(1, group.rows, got.squeeze(2).transpose(0, 1))
     return out.transpose(1, 2).contiguous(), None
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    """Decoding sequences that attend in one call: each one's query position (``rows``), the
+    positions of its keys padded to the group's longest (``keys``: rows × width, flat), and
+    which of those are its own (``mask``, None when none is padding)."""
+
+    rows: torch.Tensor
+    keys: torch.Tensor
+    width: int
+    mask: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How a step's sequences attend: the bounds ``(q0, q1, k0, k1)`` of each that attends
+    alone, and the groups of decoding ones. Every layer of a step has the same bounds, so the
+    plan is made once a step (the last one is kept)."""
+
+    alone: list[tuple[int, int, int, int]]
+    groups: list[DecodeGroup]
+
+    PADDING = 1.25  # a group's keys, padded, at most this many times its own...
+    SLACK = 256  # ...plus this many: short sequences cost a call more than their padding
+    last: ClassVar[tuple[Any, StepPlan] | None] = None
+
+    @classmethod
+    def of(cls, cu_q: torch.Tensor, cu_k: torch.Tensor, device: torch.device) -> StepPlan:
+        bounds = (tuple(cu_q.tolist()), tuple(cu_k.tolist()), device)
+        if cls.last is not None and cls.last[0] == bounds:
+            return cls.last[1]
+        plan = cls.make(*bounds)
+        cls.last = (bounds, plan)
+        return plan
+
+    @classmethod
+    def make(cls, bounds_q: tuple[int, ...], bounds_k: tuple[int, ...],
+             device: torch.device) -> StepPlan:
+        alone, decoding = [], []
+        for i in range(len(bounds_q) - 1):
+            q0, q1, k0, k1 = bounds_q[i], bounds_q[i + 1], bounds_k[i], bounds_k[i + 1]
+            if q1 - q0 == 1 and k1 - k0 > 1:
+                decoding.append((k1 - k0, q0, k0))
+            elif q1 > q0:
+                alone.append((q0, q1, k0, k1))
+        decoding.sort()
+        members: list[list[tuple[int, int, int]]] = []
+        own = 0
+        for length, q0, k0 in decoding:
+            size = len(members[-1]) + 1 if members else 0
+            if not members or size * length > cls.PADDING * (own + length) + cls.SLACK:
+                members.append([])
+                own = 0
+            members[-1].append((length, q0, k0))
+            own += length
+        groups = []
+        for group in members:
+            if len(group) == 1:  # alone: nothing to gather
+                length, q0, k0 = group[0]
+                alone.append((q0, q0 + 1, k0, k0 + length))
+            else:
+                groups.append(cls.group(group, device))
+        return cls(alone, groups)
+
+    @staticmethod
+    def group(members: list[tuple[int, int, int]], device: torch.device) -> DecodeGroup:
+        width = members[-1][0]  # sorted: the longest is last
+        offsets = torch.arange(width)
+        starts = torch.tensor([k0 for _, _, k0 in members]).unsqueeze(1)
+        lengths = torch.tensor([length for length, _, _ in members]).unsqueeze(1)
+        own = offsets < lengths
+        keys = torch.where(own, starts + offsets, starts)  # padding reads the first key again
+        mask = None if bool(own.all()) else own.view(len(members), 1, 1, width).to(device)
+        return DecodeGroup(torch.tensor([q0 for _, q0, _ in members], device=device),
+                           keys.flatten().to(device), width, mask)
 
 
 def use_varlen_sdpa(model: Any, io: Any) -> None:

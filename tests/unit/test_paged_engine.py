@@ -224,3 +224,30 @@ def test_the_pick_sees_each_sequence_that_gets_a_token_in_batch_order(model) -> 
     got = drive(eng)
     assert got == {"a": [11, 11, 11], "b": [22, 22, 22]}
     assert seen == ["a", "b"] * 3
+
+
+def test_decoding_sequences_of_like_lengths_attend_in_one_call_and_a_long_one_alone() -> None:
+    # a 40-token chunk of a prompt after 60 cached tokens, then decoding sequences of
+    # 30, 33, 31 and 900 keys: the three short ones in one group, the 900 alone
+    lengths_q = [40, 1, 1, 1, 1]
+    lengths_k = [100, 30, 33, 900, 31]
+    cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()])
+    cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()])
+    plan = paged_engine.StepPlan.make(tuple(cu_q.tolist()), tuple(cu_k.tolist()), CPU)
+    assert plan.alone == [(0, 40, 0, 100), (42, 43, 163, 1063)]
+    [group] = plan.groups
+    assert group.rows.tolist() == [40, 43, 41] and group.width == 33  # shortest first
+    assert group.mask is not None and group.mask.sum().item() == 30 + 31 + 33
+    # and what they attend to is what each would attend to alone: 9 query heads, 3 KV heads
+    torch.manual_seed(0)
+    query = torch.randn(1, 9, sum(lengths_q), 64)
+    key, value = torch.randn(2, 1, 3, sum(lengths_k), 64)
+    got, _ = paged_engine.varlen_sdpa(torch.nn.Identity(), query, key, value, None,
+                                      cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_k)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for i in range(len(lengths_q)):
+        q0, q1, k0, k1 = cu_q[i].item(), cu_q[i + 1].item(), cu_k[i].item(), cu_k[i + 1].item()
+        mask = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).tril(k1 - k0 - (q1 - q0))
+        alone = sdpa(query[:, :, q0:q1], key[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask,
+                     enable_gqa=True)
+        torch.testing.assert_close(got[0, q0:q1], alone[0].transpose(0, 1))
