@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from handlers import causal_lm
 from handlers.causal_lm import CausalLM
 from handlers.errors import RequestError
 from handlers.mock_context import MockContext
@@ -168,6 +169,22 @@ def test_a_request_that_leaves_mid_stream_frees_its_blocks(model_dir) -> None:
     [out] = lm.handle(rows[1:], context)
     assert lm.engine.blocks_held("going") == 0 and "going" not in lm.sequences
     assert out.completion_tokens > 0 and out.finish_reason is None
+
+
+def test_requests_that_come_together_start_in_one_step_and_one_beside_streams_joins_it(
+        model_dir, monkeypatch) -> None:
+    # the step waits for the reads of the requests that came with it (JOIN_WAIT, raised here
+    # so that the test pins that, not this machine's speed): none waits a step more
+    monkeypatch.setattr(causal_lm, "JOIN_WAIT", 30.0)
+    lm, context, _ = handler(model_dir)
+    rows = [{"body": {"prompt": f"Tell me about {topic}", "max_tokens": 50, "ignore_eos": True}}
+            for topic in ("cats", "dogs", "birds", "fish")]
+    context.request_ids = {0: "a", 1: "b", 2: "c"}
+    first = lm.handle(rows[:3], context)  # nothing runs: all three reads are waited for
+    assert all(out.completion_tokens == 1 for out in first)
+    context.request_ids = {0: "a", 1: "b", 2: "c", 3: "d"}
+    joined = lm.handle(rows, context)  # three decode, and "d" came with this step
+    assert [out.completion_tokens for out in joined] == [2, 2, 2, 1]
 
 
 def test_a_failing_sampler_ends_its_sequence_alone(model_dir, monkeypatch) -> None:
