@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.generation [--rounds 3] [--seconds 10] [--streams 1,4,16,32]
                                              [--no-torchserve] [--only mservd,torchserve]
-                                             [--before-code CHECKOUT]
+                                             [--before-code CHECKOUT [--before-store STORE]]
 
 Each system gets closed loops of 1, 4, 16 and 32 concurrent clients; every request asks for
 64 new tokens (EOS ignored) after one of a few fixed prompts, and each client sends its next
@@ -15,7 +15,8 @@ time to first token p50/p99, inter-token latency p50/p99. The systems:
   same route and client (skipped when it is not installed or does not start);
 - ``mservd before`` (with ``--before-code CHECKOUT``): the daemon's code of another checkout
   (put first on ``PYTHONPATH``, so its every process runs it) serving the same archive: a
-  before/after of the serving path alone;
+  before/after of the serving path alone, or of the whole with ``--before-store`` (a store
+  holding that checkout's own build of the sample);
 - ``one at a time``: ``generate()`` per request in this process, one after another (KServe's
   Hugging Face fallback serves this way);
 - ``static batching``: this process, batches of up to 8 taken after a 5 ms wait, each batch
@@ -60,7 +61,8 @@ RESULTS = REPO / "benchmarks" / "results"
 class Window:
     """What the clients saw in one measuring window."""
 
-    def __init__(self, stop: float) -> None:
+    def __init__(self, stop: float, start: float = float("-inf")) -> None:
+        self.start = start  # time.perf_counter() when counting begins (after a warm-up)
         self.stop = stop  # time.perf_counter() when the window closes
         self.lock = threading.Lock()
         self.tokens = 0
@@ -69,12 +71,13 @@ class Window:
         self.errors = 0
 
     def record(self, started: float, times: list[float], tokens: int) -> None:
-        """One request's token times; only what came before the window closed counts (a
-        request wholly inside counts its ``tokens``, one part may carry two)."""
-        inside = [t for t in times if t <= self.stop]
+        """One request's token times; only what came between the window's start and its
+        close counts (a request wholly inside counts its ``tokens``, one part may carry two),
+        and its time to first token only if it was sent inside."""
+        inside = [t for t in times if self.start <= t <= self.stop]
         with self.lock:
             self.tokens += tokens if len(inside) == len(times) else len(inside)
-            if inside:
+            if inside and started >= self.start and inside[0] == times[0]:
                 self.first.append(inside[0] - started)
                 self.gaps.extend(b - a for a, b in itertools.pairwise(inside))
 
@@ -86,10 +89,13 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def closed_loop(streams: int, seconds: float, one: Callable[[int, Window], None]) -> dict:
-    """``streams`` clients, each calling ``one`` back to back until the window ends."""
-    started = time.perf_counter()
-    window = Window(started + seconds)
+def closed_loop(streams: int, seconds: float, one: Callable[[int, Window], None],
+                warmup: float = 0.0) -> dict:
+    """``streams`` clients, each calling ``one`` back to back until the window ends; what
+    they see in the first ``warmup`` seconds is not counted (a steady state, not the burst of
+    every client's first request)."""
+    started = time.perf_counter() + warmup
+    window = Window(started + seconds, started if warmup else float("-inf"))
     load = os.getloadavg()[0]
 
     def client(index: int) -> None:
@@ -231,7 +237,8 @@ class MservdFrom(Mservd):
 
 
 def run(seconds: float, streams: list[int], with_torchserve: bool, rounds: int,
-        only: set[str] | None = None, before_code: Path | None = None) -> dict[str, Any]:
+        only: set[str] | None = None, before_code: Path | None = None,
+        before_store: Path | None = None) -> dict[str, Any]:
     """Every system in turn, ``rounds`` times, the order reversed every other round (A, B, C,
     then C, B, A): each figure's median and range over the rounds."""
     store = REPO / "model_store"
@@ -241,7 +248,8 @@ def run(seconds: float, streams: list[int], with_torchserve: bool, rounds: int,
     served_systems: list[tuple[str, Any]] = [("mservd", lambda: Mservd(store, 1, 16, 5))]
     if before_code is not None:
         served_systems.append(("mservd before",
-                               lambda: MservdFrom(before_code, store, 1, 16, 5)))
+                               lambda: MservdFrom(before_code, before_store or store, 1, 16,
+                                                  5)))
     if with_torchserve and torchserve_available() is None:
         served_systems.append(("torchserve", lambda: TorchServe(store, 1, 16, 5)))
     served_systems = [(n, make) for n, make in served_systems if only is None or n in only]
@@ -349,11 +357,14 @@ def main(argv: list[str] | None = None) -> None:
                                        "(served only)")
     parser.add_argument("--before-code", type=Path,
                         help="another checkout whose daemon code also serves, as 'mservd before'")
+    parser.add_argument("--before-store", type=Path,
+                        help="with --before-code: the model store it serves (its own smollm2.mar,"
+                             " built from that checkout); this checkout's by default")
     args = parser.parse_args(argv)
     streams = [int(n) for n in args.streams.split(",")]
     only = set(args.only.split(",")) if args.only else None
     results = run(args.seconds, streams, not args.no_torchserve, args.rounds, only,
-                  args.before_code)
+                  args.before_code, args.before_store)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"generation-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(results, indent=2))

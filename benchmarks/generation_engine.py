@@ -2,7 +2,8 @@
 prompt, a long prompt joining running streams; side by side, alternating rounds.
 
     .venv/bin/python -m benchmarks.generation_engine [--before STORE] [--rounds 3]
-        [--seconds 20] [--streams 16] [--no-torchserve] [--only throughput,prefix,interference]
+        [--seconds 20] [--warmup 0] [--streams 16] [--no-torchserve]
+        [--only throughput,prefix,interference]
         [--systems mservd,mservd before,torchserve,transformers CB] [--variant NAME=SETTING]
 
 Three measurements, each a few rounds in which the systems take turns (the order reversed
@@ -13,7 +14,9 @@ average (1 min) is recorded before every window.
   streamed, EOS ignored (one seeded request list per workload, the same for every system):
   ``short`` prompts of 16 tokens, and ``mixed`` prompts of 16–1024 tokens; ``max_tokens``
   16–256 in both. A request still streaming when the window closes is dropped by its client
-  (the server cancels it). Per (system, workload): tokens/s in the window, time to first token
+  (the server cancels it). With ``--warmup W`` the first W seconds of each window are not
+  counted: the figures are of a steady state, not of every client's first request arriving at
+  once. Per (system, workload): tokens/s in the window, time to first token
   p50/p99, the gap between tokens p50/p99. The systems: ``mservd`` (this checkout's daemon and
   sample), ``mservd before`` (the same daemon serving the archive in ``--before``: the sample
   built from an older commit, whose handler is the engine being replaced), ``torchserve``
@@ -212,8 +215,50 @@ class TransformersCB:
 
 # -- the measurements -------------------------------------------------------------------
 
+class KVWatch:
+    """mservd's KV cache in use (describe's ``kvCacheTokens``, as its worker last reported it)
+    beside the tokens the clients' sequences hold (each request in flight: its prompt and the
+    tokens it received), sampled every ``every`` seconds from ``start`` on: the cache's peak
+    over the sequences' own peak. The two views differ by up to a report's age (0.5 s) and by
+    a prompt still being prefilled in chunks (counted whole by its client)."""
+
+    def __init__(self, management_url: str, held: dict[int, list[int]], start: float,
+                 every: float = 0.25) -> None:
+        self.url, self.held, self.start, self.every = management_url, held, start, every
+        self.samples: list[tuple[int, int]] = []
+        self.running = True
+        self.thread = threading.Thread(target=self.watch, daemon=True)
+        self.thread.start()
+
+    def watch(self) -> None:
+        http = requests.Session()
+        while self.running:
+            time.sleep(self.every)
+            if time.perf_counter() < self.start:
+                continue
+            own = sum(prompt + got for prompt, got in list(self.held.values()))
+            try:
+                [model] = http.get(f"{self.url}/models/smollm2", timeout=5).json()
+            except (requests.RequestException, ValueError):
+                continue
+            used = sum((w.get("kvCacheTokens") or {}).get("used", 0)
+                       for w in model.get("workers", []))
+            self.samples.append((used, own))
+
+    def stop(self) -> dict[str, Any]:
+        self.running = False
+        self.thread.join()
+        peak_used = max((used for used, _ in self.samples), default=0)
+        peak_own = max((own for _, own in self.samples), default=0)
+        return {"kv_peak_used_tokens": peak_used, "kv_peak_own_tokens": peak_own,
+                "kv_peak_ratio": peak_used / peak_own if peak_own else None,
+                "kv_samples": len(self.samples)}
+
+
 def throughput(args: argparse.Namespace, prompts: Prompts, folder: Path) -> dict[str, Any]:
     work = {name: workload(prompts, name) for name in WORKLOADS}
+    sizes = {name: [prompts.count(body["prompt"]) for body in bodies]
+             for name, bodies in work.items()}
     systems: list[tuple[str, Callable[[], Any]]] = [
         (name, lambda store=store: Mservd(store, 1, 16, 5, 1000))
         for name, store in variants(args).items()]
@@ -225,6 +270,7 @@ def throughput(args: argparse.Namespace, prompts: Prompts, folder: Path) -> dict
     if args.systems:
         systems = [(n, make) for n, make in systems if n in args.systems.split(",")]
     runs: dict[str, dict[str, list[dict]]] = {n: {w: [] for w in WORKLOADS} for n, _ in systems}
+    held: dict[int, list[int]] = {}  # client thread -> [prompt tokens, tokens received]
     for r in range(args.rounds):
         for name, make in systems if r % 2 == 0 else systems[::-1]:
             system = make()
@@ -234,12 +280,18 @@ def throughput(args: argparse.Namespace, prompts: Prompts, folder: Path) -> dict
                     warm = system.client([{"prompt": "Hello", "max_tokens": 8}])
                 else:
                     system.start(["smollm2"])
-                    clients = {w: served(system.inference_url, work[w]) for w in WORKLOADS}
+                    clients = {w: served(system.inference_url, work[w], held, sizes[w])
+                               for w in WORKLOADS}
                     warm = served(system.inference_url,
                                   [{"prompt": "Hello", "max_tokens": 8, "ignore_eos": True}])
                 closed_loop(2, 3.0, warm)
                 for w in WORKLOADS:
-                    figures = closed_loop(args.streams, args.seconds, clients[w])
+                    watch = (KVWatch(system.management_url, held,
+                                     time.perf_counter() + args.warmup)
+                             if isinstance(system, Mservd) else None)
+                    figures = closed_loop(args.streams, args.seconds, clients[w], args.warmup)
+                    if watch is not None:
+                        figures.update(watch.stop())
                     runs[name][w].append(figures)
                     print(f"round {r + 1} {name} {w}: " + " ".join(
                         f"{k}={v:.3g}" for k, v in figures.items()), flush=True)
@@ -367,6 +419,14 @@ def report(results: dict[str, Any]) -> str:
                              f"{min(loads):.1f}–{max(loads):.1f} |")
         lines.append("")
         for name, by_workload in runs.items():
+            for w, rows in by_workload.items():
+                ratios = [row["kv_peak_ratio"] for row in rows if row.get("kv_peak_ratio")]
+                if ratios:
+                    used = spread([row["kv_peak_used_tokens"] for row in rows])
+                    own = spread([row["kv_peak_own_tokens"] for row in rows])
+                    lines.append(f"- {name} {w}: KV cache peak {used} tokens, the sequences' "
+                                 f"own peak {own}: {spread(ratios, 2)}")
+        for name, by_workload in runs.items():
             mixed = statistics.median(r["tokens_per_s"] for r in by_workload["mixed"])
             short = statistics.median(r["tokens_per_s"] for r in by_workload["short"])
             lines.append(f"- {name}: mixed / short = {mixed / short:.2f}")
@@ -410,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--warmup", type=float, default=0.0,
+                        help="throughput: seconds of each window not counted, before --seconds "
+                             "that are (a steady state instead of the first requests' burst)")
     parser.add_argument("--no-torchserve", action="store_true")
     parser.add_argument("--only", default="throughput,prefix,interference")
     parser.add_argument("--systems", help="throughput's systems, comma-separated (default all)")
