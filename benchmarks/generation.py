@@ -126,26 +126,53 @@ def closed_loop(streams: int, seconds: float, one: Callable[[int, Window], None]
 
 # -- served: mservd and TorchServe, one HTTP client ------------------------------------------
 
-def served(url: str) -> Callable[[int, Window], None]:
+def streamed(url: str, work: list[dict[str, Any]], held: dict[int, list[int]] | None = None,
+             sizes: list[int] | None = None, cut_at_close: bool = True
+             ) -> Callable[[int, Window], None]:
+    """Streams ``work`` to ``url``, request after request; one still streaming when the window
+    closes is dropped (the server cancels it) unless ``cut_at_close`` is False. With ``held``:
+    each client thread's request in flight there as [its prompt's tokens (``sizes``), tokens
+    received so far]."""
     session = threading.local()
 
     def one(i: int, window: Window) -> None:
         http = getattr(session, "http", None) or requests.Session()
         session.http = http
-        body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": NEW_TOKENS,
-                "ignore_eos": True}
+        body = work[i % len(work)]
         started = time.perf_counter()
-        times = []
-        with http.post(f"{url}/predictions/smollm2", json=body, stream=True,
-                       timeout=600) as answer:
-            if answer.status_code != 200:
-                raise RuntimeError(answer.text[:200])
-            for chunk in answer.iter_content(chunk_size=None):
-                if chunk:
-                    times.append(time.perf_counter())
-        window.record(started, times, NEW_TOKENS)
+        times: list[float] = []
+        cut = False
+        mine = [sizes[i % len(work)] if sizes else 0, 0]
+        if held is not None:
+            held[threading.get_ident()] = mine
+        try:
+            with http.post(f"{url}/predictions/smollm2", json=body, stream=True,
+                           timeout=600) as answer:
+                if answer.status_code != 200:
+                    raise RuntimeError(answer.text[:200])
+                for chunk in answer.iter_content(chunk_size=None):
+                    if chunk:
+                        times.append(time.perf_counter())
+                        mine[1] += 1
+                    if cut_at_close and time.perf_counter() > window.stop:
+                        cut = True  # dropped: the window is over, the server cancels it
+                        break
+        finally:
+            if held is not None:
+                held.pop(threading.get_ident(), None)
+        if cut:
+            http.close()
+            session.http = None
+        window.record(started, times, body["max_tokens"] if not cut else len(times))
 
     return one
+
+
+def served(url: str) -> Callable[[int, Window], None]:
+    """The fixed prompts, each request to its end (the window counts what came inside it)."""
+    work = [{"prompt": prompt, "max_tokens": NEW_TOKENS, "ignore_eos": True}
+            for prompt in PROMPTS]
+    return streamed(url, work, cut_at_close=False)
 
 
 # -- in this process: one at a time, static batching, one batch ----------------------------

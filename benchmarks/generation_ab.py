@@ -28,14 +28,12 @@ import json
 import random
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import requests
-
-from benchmarks.generation import RESULTS, Window, closed_loop
+from benchmarks.generation import RESULTS, closed_loop
+from benchmarks.generation import streamed as client
 from benchmarks.systems import Mservd
 
 WORDS = ("the", "city", "river", "old", "music", "light", "garden", "stone", "window", "story",
@@ -56,45 +54,6 @@ def requests_for(workload: str, seed: int = 7) -> list[dict[str, Any]]:
         out.append({"prompt": " ".join(words), "max_tokens": rng.randint(*TOKENS),
                     "ignore_eos": True})
     return out
-
-
-def client(url: str, work: list[dict[str, Any]], held: dict[int, list[int]] | None = None,
-           sizes: list[int] | None = None):
-    """Streams ``work`` to ``url``, request after request. With ``held``: each client thread's
-    request in flight there as [its prompt's tokens (``sizes``), tokens received so far]."""
-    session = threading.local()
-
-    def one(i: int, window: Window) -> None:
-        http = getattr(session, "http", None) or requests.Session()
-        session.http = http
-        body = work[i % len(work)]
-        started = time.perf_counter()
-        times: list[float] = []
-        cut = False
-        mine = [sizes[i % len(work)] if sizes else 0, 0]
-        if held is not None:
-            held[threading.get_ident()] = mine
-        try:
-            with http.post(f"{url}/predictions/smollm2", json=body, stream=True,
-                           timeout=600) as answer:
-                if answer.status_code != 200:
-                    raise RuntimeError(answer.text[:200])
-                for chunk in answer.iter_content(chunk_size=None):
-                    if chunk:
-                        times.append(time.perf_counter())
-                        mine[1] += 1
-                    if time.perf_counter() > window.stop:
-                        cut = True  # dropped: the window is over, the server cancels it
-                        break
-        finally:
-            if held is not None:
-                held.pop(threading.get_ident(), None)
-        if cut:
-            http.close()
-            session.http = None
-        window.record(started, times, body["max_tokens"] if not cut else len(times))
-
-    return one
 
 
 def main(argv: list[str] | None = None) -> int:

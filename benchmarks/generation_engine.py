@@ -58,7 +58,7 @@ from typing import Any
 import requests
 
 from benchmarks.generation import RESULTS, Window, closed_loop
-from benchmarks.generation_ab import client as served
+from benchmarks.generation import streamed as served
 from benchmarks.generation_constrained import model_folder  # one token a part, cut at the window
 from benchmarks.systems import REPO, Mservd, TorchServe, torchserve_available
 
