@@ -79,7 +79,7 @@ class Window:
             self.tokens += tokens if len(inside) == len(times) else len(inside)
             if inside and started >= self.start and inside[0] == times[0]:
                 self.first.append(inside[0] - started)
-                self.gaps.extend(b - a for a, b in itertools.pairwise(inside))
+            self.gaps.extend(b - a for a, b in itertools.pairwise(inside))
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -216,7 +216,7 @@ class TransformersCB:
 # -- the measurements -------------------------------------------------------------------
 
 class KVWatch:
-    """mservd's KV cache in use (describe's ``kvCacheTokens``, as its worker last reported it)
+    """mservd's KV cache in use (describe's ``kvCache.usedTokens``, as its workers last said)
     beside the tokens the clients' sequences hold (each request in flight: its prompt and the
     tokens it received), sampled every ``every`` seconds from ``start`` on: the cache's peak
     over the sequences' own peak. The two views differ by up to a report's age (0.5 s) and by
@@ -241,8 +241,7 @@ class KVWatch:
                 [model] = http.get(f"{self.url}/models/smollm2", timeout=5).json()
             except (requests.RequestException, ValueError):
                 continue
-            used = sum((w.get("kvCacheTokens") or {}).get("used", 0)
-                       for w in model.get("workers", []))
+            used = (model.get("kvCache") or {}).get("usedTokens", 0)  # its workers' sum
             self.samples.append((used, own))
 
     def stop(self) -> dict[str, Any]:
