@@ -219,8 +219,9 @@ class KVWatch:
     """mservd's KV cache in use (describe's ``kvCache.usedTokens``, as its workers last said)
     beside the tokens the clients' sequences hold (each request in flight: its prompt and the
     tokens it received), sampled every ``every`` seconds from ``start`` on: the cache's peak
-    over the sequences' own peak. The two views differ by up to a report's age (0.5 s) and by
-    a prompt still being prefilled in chunks (counted whole by its client)."""
+    over the sequences' own peak. The two views differ by up to a report's age (1.5 s: the
+    handler reports every 0.5 s, its worker ships every second) and by a prompt still being
+    prefilled in chunks (counted whole by its client)."""
 
     def __init__(self, management_url: str, held: dict[int, list[int]], start: float,
                  every: float = 0.25) -> None:

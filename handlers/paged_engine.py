@@ -10,8 +10,8 @@ then as much of a prompt as the budget leaves). Its public API runs all of that 
 its own; :class:`PagedEngine` runs it here, one step per call and no thread, through the batch
 processor's ``prepare_next_batch`` / ``_generation_step`` / ``update_batch``, with two changes of
 its own: the step's token budget shrinks while sequences decode (``streaming_batch_tokens``),
-and each sequence attends to its own keys alone (:func:`varlen_sdpa`; decoding ones of like
-lengths in one call) instead of the whole step under a mask. Those names are semi-private and
+and each sequence attends to its own keys alone (:func:`varlen_sdpa`; short decoding ones of
+like lengths in one call) instead of the whole step under a mask. Those names are semi-private and
 change between minor versions: pyproject.toml pins ``transformers==5.25.*`` and
 ``tests/unit/test_paged_engine.py`` fails loudly when an upgrade breaks them.
 
