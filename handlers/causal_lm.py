@@ -15,9 +15,10 @@ sequences' keys and values live in a paged KV cache of fixed size (model-config.
 ``kvCacheMemory``); a request that does not fit yet waits in its queue (no text yet), a running
 one that cannot grow is preempted and recomputed later, a prompt that begins with blocks
 already in the cache reuses them, and a step runs every decoding sequence and then as much of
-the waiting prompts as its token budget (``prefill_tokens``; ``stream_step_tokens`` while
-some decode) leaves, so a long prompt is
-prefilled over several steps while the others go on. The engine picks no tokens: each
+the waiting prompts as its token budget (``prefill_tokens``; while some decode, their tokens
+and ``stream_step_tokens`` for each prompt in line) leaves, so a long prompt is
+prefilled over several steps while the others go on, and a queue of prompts drains faster
+than one prompt alone would. The engine picks no tokens: each
 sequence's next token is picked here, with its own settings and seed, so a seeded request
 gives the same tokens whatever it runs beside. Greedy output is the tokens ``generate()``
 gives for that prompt alone.
@@ -55,9 +56,10 @@ on the CPU; or ``float32``, ``bfloat16``, ``float16``), ``max_new_tokens`` (the 
 ``max_prompt_characters`` (a prompt's characters before it is tokenised, or of all its
 messages; default 16 per token of ``max_prompt_tokens``), ``max_messages`` (default 1024) and
 ``prefill_tokens`` (the tokens one step runs: default 512 on the CPU, 2048 on a GPU),
-``stream_step_tokens`` (the tokens one step runs while sequences decode: default 64 on the CPU,
-a quarter of ``prefill_tokens`` on a GPU, so that a long prompt's chunks stretch the streams'
-next tokens less) and
+``stream_step_tokens`` (the prompt tokens one step runs for each prompt in line while
+sequences decode, up to ``prefill_tokens``: default 64 on the CPU, a quarter of
+``prefill_tokens`` on a GPU, so that a long prompt's chunks stretch the streams' next tokens
+less) and
 ``prefix_caching`` (default true; false computes every prompt in full, as vLLM's
 ``--no-enable-prefix-caching``); its top level ``kvCacheMemory`` (see ``paged_engine.kv_memory``).
 """
@@ -87,9 +89,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_PREFILL_TOKENS = {"cpu": 512, "cuda": 2048}  # tokens one step runs (prefill and decode)
-# tokens one step runs while sequences decode: on the CPU 64 kept the streams' longest gap
-# beside a 1,500-token prompt at 2.6x their median (128: 4.0x) for 1.5x that prompt's first
-# token (BENCHMARKS.md, issue 47); elsewhere a quarter of prefill_tokens
+# prompt tokens one step runs for each prompt in line while sequences decode: on the CPU 64
+# kept the streams' longest gap beside a 1,500-token prompt at 2.6x their median (128: 4.0x)
+# for 1.5x that prompt's first token (BENCHMARKS.md, issue 47); elsewhere a quarter of
+# prefill_tokens
 DEFAULT_STREAM_STEP_TOKENS = {"cpu": 64}
 DEFAULT_MAX_MESSAGES = 1024
 CHARACTERS_PER_TOKEN = 16  # the default character bound, per token of max_prompt_tokens

@@ -9,9 +9,10 @@ it again), and chunked prefill under a per-step token budget (decoding sequences
 then as much of a prompt as the budget leaves). Its public API runs all of that on a thread of
 its own; :class:`PagedEngine` runs it here, one step per call and no thread, through the batch
 processor's ``prepare_next_batch`` / ``_generation_step`` / ``update_batch``, with two changes of
-its own: the step's token budget shrinks while sequences decode (``streaming_batch_tokens``),
-and each sequence attends to its own keys alone (:func:`varlen_sdpa`; short decoding ones of
-like lengths in one call) instead of the whole step under a mask. Those names are semi-private and
+its own: the step's token budget shrinks while sequences decode (``streaming_batch_tokens``
+of prompt for each prompt in line: :meth:`PagedEngine.step_tokens`), and each sequence attends
+to its own keys alone (:func:`varlen_sdpa`; short decoding ones of like lengths in one call)
+instead of the whole step under a mask. Those names are semi-private and
 change between minor versions: pyproject.toml pins ``transformers==5.25.*`` and
 ``tests/unit/test_paged_engine.py`` fails loudly when an upgrade breaks them.
 
@@ -372,10 +373,11 @@ class PagedEngine:
         """
         result = EngineStep()
         processor = self.processor
-        decoding = sum(state.status == self.DECODING
-                       for state in processor.scheduler.active_requests.values())
-        processor.max_batch_tokens = (self.batch_tokens if not decoding else
-                                      max(decoding, self.streaming_batch_tokens))
+        scheduler = processor.scheduler
+        decoding = sum(state.status == self.DECODING for state in scheduler.active_requests.values())
+        prompts = (len(scheduler.active_requests) - decoding + len(scheduler.waiting_requests)
+                   + processor.input_queue.qsize())  # (added since the last step: not moved yet)
+        processor.max_batch_tokens = self.step_tokens(decoding, prompts)
         try:
             with torch.inference_mode():
                 if processor.prepare_next_batch():
@@ -413,6 +415,18 @@ class PagedEngine:
                 self.requests.pop(rid, None)
                 self.seen.pop(rid, None)
         return result
+
+    def step_tokens(self, decoding: int, prompts: int) -> int:
+        """The tokens a step may run: all of the budget when no sequence decodes; beside
+        decoding ones, their tokens and ``streaming_batch_tokens`` of prompt for each prompt
+        waiting or being prefilled, up to the budget. One long prompt joining a few streams
+        stretches their next tokens little; a queue of prompts gets a share that grows with
+        it, so that it drains sooner. Every decoding sequence gets its token, whatever the
+        budget."""
+        if not decoding:
+            return self.batch_tokens
+        share = decoding + self.streaming_batch_tokens * max(1, prompts)
+        return max(decoding, min(self.batch_tokens, share))
 
     def outputs(self) -> list[Any]:
         """The step's outputs (each sequence's tokens so far), in order."""

@@ -145,6 +145,22 @@ def test_a_long_prompt_is_prefilled_over_steps_while_the_streams_go_on(model) ->
     assert steps[-1].tokens["long"] + got["long"] == alone(model, long, 3)
 
 
+def test_beside_decoding_streams_a_queue_of_prompts_gets_a_share_of_the_step_each(model) -> None:
+    """One prompt joining two streams gets ``streaming_batch_tokens`` of a step; four queued
+    prompts get that each (the first prompt in line takes it all, FIFO), up to the budget."""
+    eng = PagedEngine(model, KVBudget(PER_TOKEN, 64 * 32 * PER_TOKEN, 32, 64), 512, greedy,
+                      streaming_batch_tokens=32)
+    for i in range(2):
+        eng.add(f"s{i}", prompt(i, 10), 40, eos=[])
+    eng.step()  # both prompts in one step: nothing decodes yet
+    eng.add("p0", prompt(10, 200), 2, eos=[])
+    assert eng.step().scheduled == {"s0": 1, "s1": 1, "p0": 32}
+    for i in range(1, 4):
+        eng.add(f"p{i}", prompt(10 + i, 200), 2, eos=[])
+    assert eng.step().scheduled == {"s0": 1, "s1": 1, "p0": 4 * 32}
+    assert eng.step_tokens(decoding=2, prompts=40) == 512  # never over the budget
+
+
 def test_a_request_waits_for_room_and_preempted_ones_are_recomputed_exactly(model) -> None:
     """Eight blocks of 32 tokens, four requests of 110: some wait, some are preempted (their
     blocks freed, recomputed later from prompt and tokens so far); all end as generate()."""
