@@ -26,6 +26,7 @@ from mservd import protocol
 from mservd.process.lifeline import EXIT_LOAD_FAILED, die_with_parent, parent_changed
 from mservd.process.log_format import log_to_stderr
 from mservd.specs import WorkerSpec
+from mservd.worker.allocator import keep_freed_memory
 from mservd.worker.batches import Batches
 from mservd.worker.continuous import serve_continuous
 from mservd.worker.cores import Threads
@@ -66,6 +67,7 @@ def serve(spec: WorkerSpec) -> int:
     links = FrontendLinks(zctx, spec.endpoint)
     batches = Batches(sock, handler, context, links, spec.max_response_size, threads)
     if spec.continuous_batching:  # the model's settings say so: the scheduler agrees
+        keep_freed_memory()  # a step's large tensors, every step: not faulted in each time
         sock.send_multipart(protocol.ready(os.getpid()))
         _log_ready(spec, began)
         return serve_continuous(sock, handler, context, spec.worker_id, parent,
