@@ -1,23 +1,23 @@
 """A continuous-batching worker keeps the memory a step frees for the next step (glibc).
 
 Every step of the paged engine allocates and frees the same large tensors in every layer: the
-cache's read-back of each sequence's keys and values (15 MB a layer for 16 sequences of 600
-tokens with SmolLM2), the attention's scores, a prompt chunk's activations. glibc's malloc
-maps a chunk above its mmap threshold fresh from the kernel and unmaps it on free, and gives
-back the heap's free top above its trim threshold; either way the next step faults the pages
-in again, zeroed by the kernel. glibc raises both thresholds by itself, but only after it has
-freed a mapped chunk, and never past 32 MiB (mallopt(3)): so whether a step faults depends on
-the process's allocation history, and a step whose tensors are larger always does. Measured on
-the 2-core box (``benchmarks/engine_step.py``): the engine outside the daemon faulted 440 MiB
-in a step of 16 sequences of 600 tokens and ran it in ~600 ms, against ~340 ms without
-faults; the daemon's worker happened not to.
+cache's read-back of each sequence's keys and values (7 MB each a layer for 16 sequences of
+600 tokens with SmolLM2), the attention's scores, a prompt chunk's activations. glibc's
+malloc maps a chunk above its mmap threshold fresh from the kernel and unmaps it on free, and
+gives back the heap's free top above its trim threshold; either way the next step faults the
+pages in again, zeroed by the kernel. glibc raises both thresholds by itself, but only after
+it has freed a mapped chunk, and never past 32 MiB (mallopt(3)): so whether a step faults
+depends on the process's allocation history, and a step whose tensors are larger always does.
+Measured on the 2-core box (``benchmarks/engine_step.py``, three rounds alternated): the
+engine in a plain process faulted 440 MiB a step of 16 sequences of 600 tokens and took 641
+ms a step, against 491 without faults; the daemon's worker happened not to fault.
 
 So before its first step a continuous worker sets the two thresholds high enough that a
 step's tensors come from the heap and stay there: what it keeps is what its largest step used,
-which the next such step wants again. A batch worker keeps glibc's policy: its memory at rest
-is one of the things mservd is measured on. Variables that set the allocator (``MALLOC_*``,
-``GLIBC_TUNABLES``, or another malloc in ``LD_PRELOAD``) win: nothing is changed when the
-environment has one. Not glibc (musl,
+which the next such step wants again (62 MiB more resident in that benchmark). A batch worker
+keeps glibc's policy: its memory at rest is one of the things mservd is measured on.
+Variables that set the allocator (``MALLOC_*``, ``GLIBC_TUNABLES``, or another malloc in
+``LD_PRELOAD``) win: nothing is changed when the environment has one. Not glibc (musl,
 macOS): nothing to do.
 """
 
