@@ -49,11 +49,11 @@ def measure(policy: str, context: int, steps: int) -> dict[str, Any]:
     from handlers.paged_engine import PagedEngine, kv_budget
     from mservd.worker.allocator import keep_freed_memory
 
-    folder = Path(tempfile.mkdtemp(prefix="engine-step-"))
-    with zipfile.ZipFile(ARCHIVE) as archive:
-        archive.extractall(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                 attn_implementation="sdpa").eval()
+    with tempfile.TemporaryDirectory(prefix="engine-step-") as folder:
+        with zipfile.ZipFile(ARCHIVE) as archive:
+            archive.extractall(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                     attn_implementation="sdpa").eval()
     if policy == "continuous worker":
         assert keep_freed_memory(), "glibc refused the thresholds, or the environment set them"
 

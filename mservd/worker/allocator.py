@@ -50,6 +50,9 @@ def keep_freed_memory() -> bool:
         return False  # not glibc: its allocator keeps its own policy
     done = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-    if not done:
+    if done:
+        log.info("allocator: a step's freed memory is kept for the next (glibc mmap threshold "
+                 "%d MiB, trim threshold %d MiB)", MMAP_THRESHOLD >> 20, TRIM_THRESHOLD >> 20)
+    else:
         log.warning("glibc refused the allocator's thresholds: steps may fault their memory in")
     return done
