@@ -100,7 +100,8 @@ def measure(policy: str, context: int, steps: int) -> dict[str, Any]:
 
 def child(policy: str, context: int, steps: int) -> dict[str, Any]:
     """``measure`` in a fresh interpreter: its allocation history starts clean."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}  # glibc's own defaults
     done = subprocess.run([sys.executable, "-m", "benchmarks.engine_step", "--child", policy,
                            "--context", str(context), "--steps", str(steps)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
