@@ -8,11 +8,13 @@ before it, and a later prompt that begins with the same tokens shares it instead
 it again), and chunked prefill under a per-step token budget (decoding sequences go first,
 then as much of a prompt as the budget leaves). Its public API runs all of that on a thread of
 its own; :class:`PagedEngine` runs it here, one step per call and no thread, through the batch
-processor's ``prepare_next_batch`` / ``_generation_step`` / ``update_batch``, with two changes of
+processor's ``prepare_next_batch`` / ``_generation_step`` / ``update_batch``, with three changes of
 its own: the step's token budget shrinks while sequences decode (``streaming_batch_tokens``
-of prompt for each prompt in line: :meth:`PagedEngine.step_tokens`), and each sequence attends
+of prompt for each prompt in line: :meth:`PagedEngine.step_tokens`), each sequence attends
 to its own keys alone (:func:`varlen_sdpa`; short decoding ones of like lengths in one call)
-instead of the whole step under a mask. Those names are semi-private and
+instead of the whole step under a mask, and cached prefix blocks are evicted least recently
+used first, as few as the scheduler's margin needs (:class:`LeastRecentlyUsed`), not all at
+once. Those names are semi-private and
 change between minor versions: pyproject.toml pins ``transformers==5.25.*`` and
 ``tests/unit/test_paged_engine.py`` fails loudly when an upgrade breaks them.
 
@@ -281,6 +283,66 @@ def use_varlen_sdpa(model: Any, io: Any) -> None:
     io.attention_mask = None  # is_causal then; varlen_sdpa reads each sequence's bounds
 
 
+class LeastRecentlyUsed:
+    """Evicts the prefix cache's blocks least recently used first, and only as many as the
+    scheduler's free margin needs.
+
+    A full block that no sequence holds any more stays cached for prefix reuse. transformers
+    (5.25) keeps such blocks until the free share of the cache falls under the scheduler's
+    safety margin (15 %), then evicts every one of them at once: a system prompt sent a moment
+    ago goes with blocks nobody has asked for in minutes, and the next request prefills it
+    again. Here the scheduler's margin check evicts the blocks freed longest ago until the
+    margin is met, and a sequence that ends releases its blocks last first, so that its tail
+    goes before its head (a block is found only through the blocks before it: a head without
+    its tail is still reused, a tail without its head never is). A block reused and released
+    again is the most recent once more. When the scheduler cannot run a step at all (a
+    sequence needs blocks and none is free), transformers' own path still evicts them all
+    before it preempts anyone.
+    """
+
+    def __init__(self, cache: Any, scheduler: Any) -> None:
+        self.cache = cache
+        self.scheduler = scheduler
+        for allocator in cache.cache_allocators.values():
+            allocator.free_blocks = self._releaser(allocator)
+        scheduler._try_to_meet_safety_margin = self.meet_margin
+
+    @staticmethod
+    def _releaser(allocator: Any) -> Callable[..., None]:
+        def free_blocks(request_id: str, no_cache: bool = False) -> None:
+            """transformers' ``free_blocks``, releasing the last block first."""
+            blocks = allocator.block_table.pop(request_id, [])
+            freed = [block for block in reversed(blocks)
+                     if allocator.ledger.release(block, no_cache)]
+            allocator.pool.free_blocks(allocator.index, freed)
+        return free_blocks
+
+    def meet_margin(self) -> bool:
+        """The scheduler's check before it admits prompts: whether the free share of the cache
+        is at least its margin, after evicting the fewest cached blocks that make it so."""
+        cache, margin = self.cache, self.scheduler.safety_margin
+        cache.pool.try_to_free_sectors()
+        while cache.compute_free_capacity() < margin and self.evict_oldest():
+            pass
+        cache.pool.try_to_free_sectors()
+        return cache.compute_free_capacity() >= margin
+
+    def evict_oldest(self) -> bool:
+        """Evict the least recently released cached block of each kind of attention (one
+        kind for most models); whether there was any."""
+        evicted = False
+        for allocator in self.cache.cache_allocators.values():
+            ledger = allocator.ledger
+            if not ledger.cached_blocks:
+                continue
+            block = next(iter(ledger.cached_blocks))  # in the order they were released
+            del ledger.cached_blocks[block]
+            del ledger.hash_to_block[ledger.block_to_hash.pop(block)]
+            self.cache.pool.free_blocks(allocator.index, [block])
+            evicted = True
+        return evicted
+
+
 class PagedEngine:
     """transformers' continuous-batching engine for one model, stepped by the caller.
 
@@ -327,6 +389,8 @@ class PagedEngine:
         self.manager.current_batch = 0
         self.processor.model_runner._sample = self._sample
         self.cache = self.processor.cache
+        if prefix_caching:
+            LeastRecentlyUsed(self.cache, self.processor.scheduler)
         # a step's token budget: all of it when no sequence decodes, a share beside decoding
         # ones, so that a long prompt's chunks do not stretch every stream's next token
         self.batch_tokens = max_batch_tokens

@@ -126,6 +126,31 @@ def test_a_second_prompt_with_the_same_prefix_reuses_its_blocks(model) -> None:
     assert got["second"] == alone(model, shared + [10, 11, 12], 2)
 
 
+def test_the_prefix_cache_evicts_the_least_recently_used_blocks_tail_first(model) -> None:
+    """Seven prompts of three full blocks each, one after another, in a cache of 20 blocks:
+    once the free share falls under the scheduler's margin (15 %), the blocks freed longest
+    ago go first, a prompt's last block before its first, and a prompt used again is kept."""
+    eng = engine(model, blocks=20, step_tokens=256)
+
+    def run(rid: str, i: int) -> tuple[int, list[int]]:
+        eng.add(rid, prompt(i, 97), 2, eos=[])
+        reused, got = 0, []
+        while eng.requests:
+            got += eng.step().tokens.get(rid, [])
+            reused += eng.usage().reused_tokens
+        return reused, got
+
+    for rid, i in [("a", 1), ("b", 2), ("c", 3), ("d", 4), ("a again", 1), ("e", 5), ("f", 6),
+                   ("g", 7)]:
+        run(rid, i)
+    ledger = next(iter(eng.cache.cache_allocators.values())).ledger
+    assert len(ledger.cached_blocks) == 16  # of 21 full blocks: five evicted, not all of them
+    reused, got = run("a, used again before the others", 1)
+    assert reused == 96 and got == alone(model, prompt(1, 97), 2)
+    assert run("c, its first block left", 3)[0] == 32
+    assert run("b, the least recently used", 2)[0] == 0
+
+
 def test_a_long_prompt_is_prefilled_over_steps_while_the_streams_go_on(model) -> None:
     eng = engine(model, step_tokens=64)
     for i in range(3):
