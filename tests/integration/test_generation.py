@@ -30,8 +30,8 @@ def client(daemon) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def alone(store, tmp_path_factory) -> dict[str, str]:
-    """Each prompt's greedy answer from transformers' generate(), one prompt at a time."""
+def generate(store, tmp_path_factory):
+    """A chat's greedy answer from transformers' generate(), the chat alone, in this process."""
     import zipfile
 
     import torch
@@ -42,14 +42,19 @@ def alone(store, tmp_path_factory) -> dict[str, str]:
         archive.extractall(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    answers = {}
-    for prompt in PROMPTS:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                            add_generation_prompt=True,
+
+    def answer(messages: list[dict], max_tokens: int) -> str:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                             return_tensors="pt")["input_ids"]
-        out = model.generate(ids, max_new_tokens=24, do_sample=False)
-        answers[prompt] = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-    return answers
+        out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
+        return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    return answer
+
+
+@pytest.fixture(scope="module")
+def alone(generate) -> dict[str, str]:
+    """Each prompt's greedy answer from transformers' generate(), one prompt at a time."""
+    return {prompt: generate([{"role": "user", "content": prompt}], 24) for prompt in PROMPTS}
 
 
 def chat(client, prompt: str, **kwargs):
@@ -126,6 +131,31 @@ def test_a_repeated_system_prompt_is_found_in_the_kv_cache_as_describe_and_metri
     assert "kvCache" not in daemon.describe("minilm")[0]  # not a generation handler
 
 
+def test_concurrent_chats_reusing_a_cached_system_prompt_answer_what_generate_gives_alone(
+        client, daemon, generate) -> None:
+    """One chat puts a system prompt of several blocks in the KV cache; four more with it,
+    at once, share those blocks instead of computing them, and each greedy answer is the one
+    generate() gives its chat alone."""
+    from conftest import wait_until
+
+    system = "You answer questions about geography and colours in a few words. " * 10
+    chats = [[{"role": "system", "content": system}, {"role": "user", "content": question}]
+             for question in (*PROMPTS, "Which ocean is the largest?")]
+    client.chat.completions.create(model="smollm2", max_tokens=2, messages=chats[0])
+    before = daemon.describe("smollm2")[0]["kvCache"]["prefixHitTokens"]
+    with ThreadPoolExecutor(len(chats)) as pool:
+        answers = list(pool.map(lambda messages: client.chat.completions.create(
+            model="smollm2", max_tokens=16, messages=messages), chats))
+
+    def reused() -> int | None:  # the worker reports its cache every half second
+        hits = daemon.describe("smollm2")[0]["kvCache"]["prefixHitTokens"] - before
+        return hits if hits >= 4 * 96 else None
+
+    wait_until(reused, 10, "the four chats' system prompt found in the KV cache")
+    for messages, answer in zip(chats, answers):
+        assert answer.choices[0].message.content == generate(messages, 16)
+
+
 def test_chat_streams_each_token_as_an_event_then_usage(client) -> None:
     events = list(chat(client, PROMPTS[0], max_tokens=20, stream=True,
                        stream_options={"include_usage": True}))
@@ -154,6 +184,30 @@ def test_completion_stops_at_a_stop_string(client) -> None:
                                        max_tokens=10, stop=["."])
     assert answer.choices[0].text == " Paris"
     assert answer.choices[0].finish_reason == "stop"
+
+
+COUNT = "Count from 1 to 30, as '1. 1' lines"
+
+
+@pytest.mark.parametrize(("stop", "ends"), [("\n6.", "5. 5"), ([". 4"], "3. 3\n4")],
+                         ids=["newline-six-dot", "dot-space-four"])
+def test_a_stop_string_across_tokens_cuts_the_chat_answer_exactly_before_it(
+        client, stop, ends) -> None:
+    """The answers ended '5. 5\n6' and '3. 3\n4. ', streamed and not: the start of the stop
+    string had gone out before its end came."""
+    with ThreadPoolExecutor(3) as pool:
+        whole = pool.submit(chat, client, COUNT, max_tokens=40)
+        cut = pool.submit(chat, client, COUNT, max_tokens=40, stop=stop)
+        streamed = pool.submit(lambda: list(chat(client, COUNT, max_tokens=40,
+                                                 stop=stop, stream=True)))
+        whole, cut, events = whole.result(), cut.result(), streamed.result()
+    text = cut.choices[0].message.content
+    assert text.endswith(ends) and cut.choices[0].finish_reason == "stop"
+    first = stop if isinstance(stop, str) else stop[0]
+    assert whole.choices[0].message.content.startswith(text + first)
+    pieces = [e.choices[0].delta.content or "" for e in events if e.choices]
+    assert "".join(pieces) == text
+    assert [e.choices[0].finish_reason for e in events if e.choices][-1] == "stop"
 
 
 def test_sampling_with_a_seed_repeats_itself(client) -> None:
