@@ -16,7 +16,8 @@ sequences' keys and values live in a paged KV cache of fixed size (model-config.
 one that cannot grow is preempted and recomputed later, a prompt that begins with blocks
 already in the cache reuses them, and a step runs every decoding sequence and then as much of
 the waiting prompts as its token budget (``prefill_tokens``; while some decode, their tokens
-and ``stream_step_tokens`` for each prompt in line) leaves, so a long prompt is
+and ``stream_step_tokens`` for each prompt in line, or what stretches their step to
+``stream_step_stretch`` times its time if that is more) leaves, so a long prompt is
 prefilled over several steps while the others go on, and a queue of prompts drains faster
 than one prompt alone would. The engine picks no tokens: each
 sequence's next token is picked here, with its own settings and seed, so a seeded request
@@ -59,7 +60,9 @@ messages; default 16 per token of ``max_prompt_tokens``), ``max_messages`` (defa
 ``stream_step_tokens`` (the prompt tokens one step runs for each prompt in line while
 sequences decode, up to ``prefill_tokens``: default 64 on the CPU, a quarter of
 ``prefill_tokens`` on a GPU, so that a long prompt's chunks stretch the streams' next tokens
-less) and
+less), ``stream_step_stretch`` (default 2: beside decoding sequences a step runs at least the
+prompt tokens that make it take that many times a step of their decoding alone, as the engine
+has timed them; 1 turns it off) and
 ``prefix_caching`` (default true; false computes every prompt in full, as vLLM's
 ``--no-enable-prefix-caching``); its top level ``kvCacheMemory`` (see ``paged_engine.kv_memory``).
 """
@@ -94,6 +97,10 @@ DEFAULT_PREFILL_TOKENS = {"cpu": 512, "cuda": 2048}  # tokens one step runs (pre
 # for 1.5x that prompt's first token (BENCHMARKS.md, issue 47); elsewhere a quarter of
 # prefill_tokens
 DEFAULT_STREAM_STEP_TOKENS = {"cpu": 64}
+# ...and at least what makes a step take this many times a step of the decoding sequences
+# alone: beside four short streams about those 64, beside fifteen long ones about 200, so a
+# mixed prompt's first token came in 3.4-3.7 s instead of 6-7 (in process, BENCHMARKS.md)
+DEFAULT_STREAM_STEP_STRETCH = 2.0
 DEFAULT_MAX_MESSAGES = 1024
 CHARACTERS_PER_TOKEN = 16  # the default character bound, per token of max_prompt_tokens
 READ_WAIT = 0.05  # seconds a step with nothing to decode waits for the requests being read
@@ -217,9 +224,11 @@ class CausalLM:
         prefix_caching = str(handler_config.get("prefix_caching", True)).lower() != "false"
         stream_tokens = handler_config.get("stream_step_tokens",
                                            DEFAULT_STREAM_STEP_TOKENS.get(self.device.type))
+        stretch = step_stretch(handler_config.get("stream_step_stretch",
+                                                  DEFAULT_STREAM_STEP_STRETCH))
         self.engine = paged_engine.PagedEngine(
             self.model, budget, self.prefill_tokens, self.sample, prefix_caching,
-            int(stream_tokens) if stream_tokens is not None else None)
+            int(stream_tokens) if stream_tokens is not None else None, stretch)
         # new requests are read here, so that a long prompt's templating and tokenising
         # (the tokenizer's Rust code lets go of the GIL) do not hold up the running sequences
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="causal-lm-read")
@@ -698,6 +707,22 @@ def model_dtype(setting: str, device: torch.device) -> Any:
         raise ValueError(f"handler.dtype {setting!r} is not one of auto, "
                          f"{', '.join(DTYPES)}.")
     return DTYPES[setting]
+
+
+def step_stretch(setting: Any) -> float:
+    """model-config.yaml ``handler: stream_step_stretch``: a number, at least 1.
+
+    :raises ValueError: anything else.
+    """
+    try:
+        stretch = float(setting)
+    except (TypeError, ValueError):
+        stretch = 0.0
+    if not stretch >= 1:  # (NaN too)
+        raise ValueError(f"handler.stream_step_stretch {setting!r} is not a number of at least 1 "
+                         "(how many times a step of the decoding sequences alone a step beside "
+                         "them may take to prefill prompts; 1: no more than its token share)")
+    return stretch
 
 
 def logprob_count(request: dict[str, Any]) -> int | None:

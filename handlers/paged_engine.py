@@ -8,13 +8,16 @@ before it, and a later prompt that begins with the same tokens shares it instead
 it again), and chunked prefill under a per-step token budget (decoding sequences go first,
 then as much of a prompt as the budget leaves). Its public API runs all of that on a thread of
 its own; :class:`PagedEngine` runs it here, one step per call and no thread, through the batch
-processor's ``prepare_next_batch`` / ``_generation_step`` / ``update_batch``, with three changes of
+processor's ``prepare_next_batch`` / ``_generation_step`` / ``update_batch``, with changes of
 its own: the step's token budget shrinks while sequences decode (``streaming_batch_tokens``
-of prompt for each prompt in line: :meth:`PagedEngine.step_tokens`), each sequence attends
-to its own keys alone (:func:`varlen_sdpa`; short decoding ones of like lengths in one call)
-instead of the whole step under a mask, and cached prefix blocks are evicted least recently
-used first, as few as the scheduler's margin needs (:class:`LeastRecentlyUsed`), not all at
-once. Those names are semi-private and
+of prompt for each prompt in line, or what stretches their step by ``step_stretch`` as the
+:class:`StepClock` has timed it: :meth:`PagedEngine.step_tokens`), a prompt is prefilled
+beside them while a block is free for each sequence rather than 15 % of the cache
+(:meth:`PagedEngine.margin`), each sequence attends to its own keys alone
+(:func:`varlen_sdpa`; short decoding ones of like lengths in one call) instead of the whole
+step under a mask, and cached prefix blocks are evicted least recently used first, only as
+many as a step needs room for (:class:`LeastRecentlyUsed`), not all at once. Those names are
+semi-private and
 change between minor versions: pyproject.toml pins ``transformers==5.25.*`` and
 ``tests/unit/test_paged_engine.py`` fails loudly when an upgrade breaks them.
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 import logging
 import queue
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -284,20 +288,20 @@ def use_varlen_sdpa(model: Any, io: Any) -> None:
 
 
 class LeastRecentlyUsed:
-    """Evicts the prefix cache's blocks least recently used first, and only as many as the
-    scheduler's free margin needs.
+    """Evicts the prefix cache's blocks least recently used first, and only as many as a step
+    needs room for.
 
     A full block that no sequence holds any more stays cached for prefix reuse. transformers
-    (5.25) keeps such blocks until the free share of the cache falls under the scheduler's
-    safety margin (15 %), then evicts every one of them at once: a system prompt sent a moment
-    ago goes with blocks nobody has asked for in minutes, and the next request prefills it
-    again. Here the scheduler's margin check evicts the blocks freed longest ago until the
-    margin is met, and a sequence that ends releases its blocks last first, so that its tail
-    goes before its head (a block is found only through the blocks before it: a head without
-    its tail is still reused, a tail without its head never is). A block reused and released
-    again is the most recent once more. When the scheduler cannot run a step at all (a
-    sequence needs blocks and none is free), transformers' own path still evicts them all
-    before it preempts anyone.
+    (5.25) keeps such blocks until the cache has no room for a step or its free share falls
+    under the scheduler's safety margin, then evicts every one of them at once: a system
+    prompt sent a moment ago goes with blocks nobody has asked for in minutes, and the next
+    request prefills it again. Here a sequence whose next tokens do not fit, and the
+    scheduler's margin check, evict the blocks freed longest ago until they fit (as vLLM's
+    free-block queue does), and a sequence that ends releases its blocks last first, so that
+    its tail goes before its head (a block is found only through the blocks before it: a head
+    without its tail is still reused, a tail without its head never is). A block reused and
+    released again is the most recent once more. transformers' own evict-all is left only on
+    its path to preempting a running sequence, when no cached block is left to evict anyway.
     """
 
     def __init__(self, cache: Any, scheduler: Any) -> None:
@@ -306,6 +310,17 @@ class LeastRecentlyUsed:
         for allocator in cache.cache_allocators.values():
             allocator.free_blocks = self._releaser(allocator)
         scheduler._try_to_meet_safety_margin = self.meet_margin
+        store = cache.can_store_request_tokens
+
+        def can_store_request_tokens(state: Any, request_len: int, dry_run: bool = False) -> bool:
+            """transformers' check that a sequence's next tokens fit (allocating their blocks
+            when they do), evicting the least recently used cached blocks while they do not."""
+            while not store(state, request_len, dry_run):
+                if dry_run or not self.evict_oldest():
+                    return False
+                cache.pool.try_to_free_sectors()
+            return True
+        cache.can_store_request_tokens = can_store_request_tokens
 
     @staticmethod
     def _releaser(allocator: Any) -> Callable[..., None]:
@@ -343,17 +358,66 @@ class LeastRecentlyUsed:
         return evicted
 
 
+class StepClock:
+    """What a step costs, learned from the steps the engine runs: a step of decoding alone,
+    and a prompt token run beside decoding ones (running averages, the newest step weighing
+    :attr:`WEIGHT`).
+
+    A fixed share of prompt tokens a step cannot suit both ends of the traffic: beside four
+    short streams (a step of ~170 ms on this 2-core box) 64 prompt tokens already double
+    their gap, beside fifteen long ones (~450 ms) they stretch it by a third while the prompt
+    waits eight steps for its first token. :meth:`prompt_tokens` sizes the share by time
+    instead: the prompt tokens that make a decoding step take ``stretch`` times as long
+    (Sarathi-Serve's budget, learned rather than profiled).
+    """
+
+    WEIGHT = 0.25
+    MIN_PROMPT_TOKENS = 16  # a step with fewer says little about a prompt token's cost
+
+    def __init__(self, stretch: float) -> None:
+        self.stretch = stretch
+        self.decoding: float | None = None  # seconds: a step of decoding sequences alone
+        self.prompt_token: float | None = None  # seconds a prompt token adds to a step
+
+    def record(self, seconds: float, decoding: int, prompt_tokens: int) -> None:
+        """Learn from a step that took ``seconds`` to run ``decoding`` decoding sequences and
+        ``prompt_tokens`` tokens of prompts."""
+        if decoding and not prompt_tokens:
+            self.decoding = self._average(self.decoding, seconds)
+        elif prompt_tokens >= self.MIN_PROMPT_TOKENS:
+            if not decoding:
+                self.prompt_token = self._average(self.prompt_token, seconds / prompt_tokens)
+            elif self.decoding is not None:
+                self.prompt_token = self._average(
+                    self.prompt_token, max(seconds - self.decoding, 0.0) / prompt_tokens)
+
+    def prompt_tokens(self) -> int:
+        """The prompt tokens a step beside decoding sequences may run to take ``stretch``
+        times a decoding step; 0 until both costs are known."""
+        if not self.decoding or not self.prompt_token:
+            return 0
+        return max(0, int((self.stretch - 1) * self.decoding / self.prompt_token))
+
+    def _average(self, mean: float | None, sample: float) -> float:
+        return sample if mean is None else mean + self.WEIGHT * (sample - mean)
+
+
 class PagedEngine:
     """transformers' continuous-batching engine for one model, stepped by the caller.
 
     :param pick: the next token of request ``rid`` from its logits (one row, float32); called
         for every sequence that gets a token in a step, in the step's order. It must not raise:
         an error there fails the whole step.
+    :param streaming_batch_tokens: the prompt tokens a step beside decoding sequences runs
+        for each prompt in line (default a quarter of ``max_batch_tokens``)...
+    :param step_stretch: ...or, when it is more, what makes the step take this many times a
+        step of the decoding sequences alone (:class:`StepClock`; default 1: never more).
     """
 
     def __init__(self, model: Any, budget: KVBudget, max_batch_tokens: int,
                  pick: Callable[[str, torch.Tensor], int], prefix_caching: bool = True,
-                 streaming_batch_tokens: int | None = None) -> None:
+                 streaming_batch_tokens: int | None = None,
+                 step_stretch: float | None = None) -> None:
         from transformers import ContinuousBatchingConfig, GenerationConfig
         from transformers.generation.continuous_batching.requests import RequestStatus
 
@@ -396,6 +460,7 @@ class PagedEngine:
         self.batch_tokens = max_batch_tokens
         self.streaming_batch_tokens = min(max_batch_tokens, streaming_batch_tokens
                                           or max(32, max_batch_tokens // 4))
+        self.clock = StepClock(step_stretch or 1.0)
         self.capacity = self.cache.num_blocks * budget.page_size  # tokens
         self.reused = 0  # prompt tokens found in the cache since the last usage()
         search = self.cache.search_prefix_match
@@ -442,14 +507,18 @@ class PagedEngine:
         prompts = (len(scheduler.active_requests) - decoding + len(scheduler.waiting_requests)
                    + processor.input_queue.qsize())  # (added since the last step: not moved yet)
         processor.max_batch_tokens = self.step_tokens(decoding, prompts)
+        scheduler.safety_margin = self.margin(len(scheduler.active_requests))
         try:
             with torch.inference_mode():
+                started = time.perf_counter()
                 if processor.prepare_next_batch():
                     result.scheduled = {
                         future.state.request_id: future.query_length
                         for future in processor.inputs_and_outputs.requests_in_batch}
                     processor._generation_step(self.model)
-                    processor.update_batch()
+                    processor.update_batch()  # (reads the tokens back: a GPU's step is done)
+                    self.clock.record(time.perf_counter() - started, decoding,
+                                      sum(result.scheduled.values()) - decoding)
         except RuntimeError as exc:
             if not str(exc).startswith(NO_ROOM) or not self.requests:
                 self.cancel_all()
@@ -489,8 +558,22 @@ class PagedEngine:
         budget."""
         if not decoding:
             return self.batch_tokens
-        share = decoding + self.streaming_batch_tokens * max(1, prompts)
-        return max(decoding, min(self.batch_tokens, share))
+        prompt = max(self.streaming_batch_tokens * max(1, prompts), self.clock.prompt_tokens())
+        return max(decoding, min(self.batch_tokens, decoding + prompt))
+
+    def margin(self, active: int) -> float:
+        """The share of the cache that must stay free for a prompt to be prefilled beside
+        decoding sequences: a block for each sequence in the cache, so that every one of them
+        can grow by a block before anyone is preempted.
+
+        transformers keeps 15 % free, and a prompt, even one half prefilled, waits while less
+        is: 16 mixed sequences of ~650 tokens fill the sample's 11,648-token cache to 87-90 %,
+        and each new prompt waited there for others to finish (first token 7-8 s at the
+        median, 15-16 s at p90, in process). One block each is what vLLM's scheduler keeps
+        in spirit: it admits while blocks are free and preempts when a running sequence
+        cannot grow.
+        """
+        return min(1.0, active / self.cache.num_blocks)
 
     def outputs(self) -> list[Any]:
         """The step's outputs (each sequence's tokens so far), in order."""

@@ -128,12 +128,13 @@ def test_a_second_prompt_with_the_same_prefix_reuses_its_blocks(model) -> None:
 
 def test_the_prefix_cache_evicts_the_least_recently_used_blocks_tail_first(model) -> None:
     """Seven prompts of three full blocks each, one after another, in a cache of 20 blocks:
-    once the free share falls under the scheduler's margin (15 %), the blocks freed longest
-    ago go first, a prompt's last block before its first, and a prompt used again is kept."""
+    the blocks freed longest ago go first, only as many as a prompt needs room for (and the
+    one block the running sequence keeps free), a prompt's last block before its first, and a
+    prompt used again is kept."""
     eng = engine(model, blocks=20, step_tokens=256)
 
-    def run(rid: str, i: int) -> tuple[int, list[int]]:
-        eng.add(rid, prompt(i, 97), 2, eos=[])
+    def run(rid: str, i: int, length: int = 97) -> tuple[int, list[int]]:
+        eng.add(rid, prompt(i, length), 2, eos=[])
         reused, got = 0, []
         while eng.requests:
             got += eng.step().tokens.get(rid, [])
@@ -144,10 +145,11 @@ def test_the_prefix_cache_evicts_the_least_recently_used_blocks_tail_first(model
                    ("g", 7)]:
         run(rid, i)
     ledger = next(iter(eng.cache.cache_allocators.values())).ledger
-    assert len(ledger.cached_blocks) == 16  # of 21 full blocks: five evicted, not all of them
+    assert len(ledger.cached_blocks) == 18  # of 21 full blocks: b's three, the oldest, went
+    run("h, one block and a half", 8, 40)  # room for its two blocks and a free one: c's last
     reused, got = run("a, used again before the others", 1)
     assert reused == 96 and got == alone(model, prompt(1, 97), 2)
-    assert run("c, its first block left", 3)[0] == 32
+    assert run("c, its first two blocks left", 3)[0] == 64
     assert run("b, the least recently used", 2)[0] == 0
 
 
@@ -184,6 +186,50 @@ def test_beside_decoding_streams_a_queue_of_prompts_gets_a_share_of_the_step_eac
         eng.add(f"p{i}", prompt(10 + i, 200), 2, eos=[])
     assert eng.step().scheduled == {"s0": 1, "s1": 1, "p0": 4 * 32}
     assert eng.step_tokens(decoding=2, prompts=40) == 512  # never over the budget
+
+
+def test_the_step_clock_gives_prompts_what_stretches_a_decoding_step_by_its_factor() -> None:
+    clock = paged_engine.StepClock(stretch=2.0)
+    assert clock.prompt_tokens() == 0  # nothing timed yet: the per-prompt share alone
+    clock.record(0.5, decoding=0, prompt_tokens=250)  # a prompt alone: 2 ms a token
+    clock.record(0.2, decoding=4, prompt_tokens=0)  # four streams alone: 200 ms
+    assert clock.prompt_tokens() == 100  # 200 ms more: twice the decoding step
+    clock.record(0.4, decoding=4, prompt_tokens=100)  # beside them: (400 - 200) / 100 = 2 ms
+    assert clock.prompt_tokens() == 100
+    clock.record(0.3, decoding=4, prompt_tokens=10)  # too few prompt tokens to tell
+    assert clock.prompt_tokens() == 100
+    for _ in range(40):  # fifteen long streams: 450 ms; a prompt token costs 2.5 ms now
+        clock.record(0.45, decoding=15, prompt_tokens=0)
+        clock.record(0.45 + 0.25, decoding=15, prompt_tokens=100)
+    assert clock.prompt_tokens() == pytest.approx(180, abs=2)
+    assert paged_engine.StepClock(stretch=1.0).prompt_tokens() == 0
+
+
+def test_beside_decoding_streams_a_prompt_gets_the_clocks_share_when_it_is_more(model) -> None:
+    eng = PagedEngine(model, KVBudget(PER_TOKEN, 64 * 32 * PER_TOKEN, 32, 64), 512, greedy,
+                      streaming_batch_tokens=64, step_stretch=2.0)
+    eng.clock.decoding, eng.clock.prompt_token = 0.45, 0.0025  # as learned: 180 tokens
+    assert eng.step_tokens(decoding=15, prompts=1) == 15 + 180
+    assert eng.step_tokens(decoding=15, prompts=4) == 15 + 4 * 64  # the queue's share is more
+    assert eng.step_tokens(decoding=0, prompts=1) == 512  # nothing decodes: all of it
+    eng.clock.decoding = 2.0
+    assert eng.step_tokens(decoding=15, prompts=1) == 512  # never over the budget
+
+
+def test_a_prompt_is_prefilled_beside_streams_while_a_block_is_free_for_each(model) -> None:
+    """Two streams hold 56 of 64 blocks (12.5 % free, under transformers' 15 % margin): a
+    new prompt of four blocks is still prefilled beside them, and answers as generate()."""
+    eng = engine(model, blocks=64, step_tokens=512)
+    for i in range(2):
+        eng.add(f"s{i}", prompt(i, 890), 40, eos=[])
+    while len(eng.requests) == 2 and sum(map(eng.blocks_held, eng.requests)) < 56:
+        eng.step()
+    assert eng.cache.compute_free_capacity() < 0.15
+    eng.add("new", prompt(5, 100), 3, eos=[])
+    steps = [eng.step() for _ in range(3)]
+    assert steps[0].scheduled == {"s0": 1, "s1": 1, "new": 100}
+    assert steps[0].tokens["new"] + steps[1].tokens["new"] + steps[2].tokens["new"] == alone(
+        model, prompt(5, 100), 3)
 
 
 def test_a_request_waits_for_room_and_preempted_ones_are_recomputed_exactly(model) -> None:
@@ -234,7 +280,9 @@ def test_a_step_without_room_fails_the_largest_request_alone(model) -> None:
     got = drive(eng)
     assert "no room" in got["huge"] and "410 tokens" in got["huge"]
     assert got["small"] == alone(model, prompt(1, 20), 5)
-    assert eng.blocks_held("huge") == 0 and not eng.requests
+    assert not eng.requests
+    eng.step()  # (a cancelled sequence's blocks are freed at the next step)
+    assert eng.blocks_held("huge") == 0
 
 
 def test_a_cancelled_sequence_frees_its_blocks(model) -> None:
