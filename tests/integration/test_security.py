@@ -613,7 +613,9 @@ def test_a_strangers_flood_of_pings_and_bad_tokens_leaves_the_controller_to_the_
 
     busy, seconds = controller_busy_during(daemon, [flood] * 4 + [client], 4)
     assert set(statuses) <= {b"200", b"401", b"503"}, statuses
-    assert sum(statuses.values()) > 200 and statuses.get(b"401", 0) > 0, statuses
+    # every connection's first 50 at least, answered (how many more the 4 s hold is the
+    # box's speed at that moment: CI saw exactly 200, once, of a flood spaced by design)
+    assert sum(statuses.values()) >= 200 and statuses.get(b"401", 0) > 0, statuses
     assert served and set(served) == {200}
     assert busy < 0.2 * seconds, (busy, seconds, statuses, len(served))
 
@@ -646,6 +648,8 @@ def test_a_strangers_flood_of_management_calls_leaves_the_controller_to_the_admi
 
     busy, seconds = controller_busy_during(daemon, [flood] * 4 + [client], 4)
     assert set(statuses) <= {b"401", b"503"}, statuses
-    assert sum(statuses.values()) > 200 and statuses.get(b"401", 0) > 0, statuses
+    # every connection's first 50 at least, answered (how many more the 4 s hold is the
+    # box's speed at that moment: CI saw exactly 200, once, of a flood spaced by design)
+    assert sum(statuses.values()) >= 200 and statuses.get(b"401", 0) > 0, statuses
     assert served and set(served) == {200}
     assert busy < 0.2 * seconds, (busy, seconds, statuses, len(served))
