@@ -4,7 +4,8 @@ prompt, a long prompt joining running streams; side by side, alternating rounds.
     .venv/bin/python -m benchmarks.generation_engine [--before STORE] [--rounds 3]
         [--seconds 20] [--warmup 0] [--streams 16] [--no-torchserve]
         [--only throughput,prefix,interference]
-        [--systems mservd,mservd before,torchserve,transformers CB] [--variant NAME=SETTING]
+        [--systems mservd,mservd before,torchserve,transformers CB,static generate()]
+        [--variant NAME=SETTING]
 
 Three measurements, each a few rounds in which the systems take turns (the order reversed
 every other round); each figure is the median over the rounds with its range, and the load
@@ -23,7 +24,11 @@ average (1 min) is recorded before every window.
   (TorchServe 0.12 in its own environment, serving this checkout's archive: the same handler),
   and ``transformers CB`` (transformers' own continuous-batching manager on its own thread in
   this process, with the engine's settings: the same blocks, page size and step budget; the
-  clients are threads here, so it pays no HTTP).
+  clients are threads here, so it pays no HTTP), and ``static generate()`` (one
+  ``generate()`` of the workload's first ``--streams`` requests together in this process,
+  padded to the longest prompt and run to the largest ``max_tokens``, each row's own
+  ``max_tokens`` counted: the limit on the short prompts, what padding costs on mixed ones;
+  it has no window, so ``--seconds`` and ``--warmup`` do not apply to it).
 - ``prefix``: one client sends a 1,000-token system prompt with a different short question
   each time (``max_tokens`` 16), one after another; time to first token of the requests after
   the first, prefix caching on (the sample) and off (the sample with ``handler:
@@ -213,6 +218,58 @@ class TransformersCB:
         self.manager.stop(block=True)
 
 
+class StaticBatch:
+    """One ``generate()`` of the workload's first ``--streams`` requests together in this
+    process, as a static-batching server runs a batch: every prompt left-padded to the
+    longest, every row generated to the batch's largest ``max_tokens``, and only each row's
+    own ``max_tokens`` counted. On equal short prompts it is this box's limit (one forward
+    pass a step for all of them, nothing between); on mixed ones it pays the padding and the
+    rows that are done, as a server without continuous batching would."""
+
+    def __init__(self, folder: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(2)
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+    def run(self, work: list[dict[str, Any]], streams: int) -> dict[str, Any]:
+        """The batch's figures, named as a window's (its first token is every row's)."""
+        from transformers import LogitsProcessor, LogitsProcessorList
+
+        bodies = work[:streams]
+        steps: list[float] = []
+
+        class Clock(LogitsProcessor):
+            def __call__(self, input_ids: Any, scores: Any) -> Any:
+                steps.append(time.perf_counter())
+                return scores
+
+        load = os.getloadavg()[0]
+        new = max(body["max_tokens"] for body in bodies)
+        started = time.perf_counter()
+        encoded = self.tokenizer([body["prompt"] for body in bodies], return_tensors="pt",
+                                 padding=True)
+        with self.torch.inference_mode():
+            self.model.generate(**encoded, max_new_tokens=new, min_new_tokens=new,
+                                do_sample=False, logits_processor=LogitsProcessorList([Clock()]),
+                                pad_token_id=self.tokenizer.pad_token_id)
+        took = time.perf_counter() - started
+        gaps = [b - a for a, b in itertools.pairwise(steps)]
+        first = (steps[0] - started) * 1000.0
+        return {"streams": len(bodies), "tokens_per_s": sum(b["max_tokens"] for b in bodies)
+                / took, "seconds": took, "ttft_p50_ms": first, "ttft_p99_ms": first,
+                "itl_p50_ms": statistics.median(gaps) * 1000.0,
+                "itl_p99_ms": sorted(gaps)[min(len(gaps) - 1, int(0.99 * len(gaps)))] * 1000.0,
+                "requests": len(bodies), "errors": 0, "load1": load,
+                "padded_prompt_tokens": int(encoded["input_ids"].shape[1]), "steps": new}
+
+    def stop(self) -> None:
+        del self.model
+
+
 # -- the measurements -------------------------------------------------------------------
 
 class KVWatch:
@@ -267,6 +324,7 @@ def throughput(args: argparse.Namespace, prompts: Prompts, folder: Path) -> dict
     if not args.no_torchserve and torchserve_available() is None:
         systems.append(("torchserve", lambda: TorchServe(STORE, 1, 16, 5, 1000)))
     systems.append(("transformers CB", lambda: TransformersCB(folder)))
+    systems.append(("static generate()", lambda: StaticBatch(folder)))
     if args.systems:
         systems = [(n, make) for n, make in systems if n in args.systems.split(",")]
     runs: dict[str, dict[str, list[dict]]] = {n: {w: [] for w in WORKLOADS} for n, _ in systems}
@@ -275,6 +333,11 @@ def throughput(args: argparse.Namespace, prompts: Prompts, folder: Path) -> dict
         for name, make in systems if r % 2 == 0 else systems[::-1]:
             system = make()
             try:
+                if isinstance(system, StaticBatch):
+                    for w in WORKLOADS:
+                        runs[name][w].append(system.run(work[w], args.streams))
+                        print(f"round {r + 1} {name} {w}: {runs[name][w][-1]}", flush=True)
+                    continue
                 if isinstance(system, TransformersCB):
                     clients = {w: system.client(work[w]) for w in WORKLOADS}
                     warm = system.client([{"prompt": "Hello", "max_tokens": 8}])
