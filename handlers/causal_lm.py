@@ -99,7 +99,7 @@ DEFAULT_PREFILL_TOKENS = {"cpu": 512, "cuda": 2048}  # tokens one step runs (pre
 DEFAULT_STREAM_STEP_TOKENS = {"cpu": 64}
 # ...and at least what makes a step take this many times a step of the decoding sequences
 # alone: beside four short streams about those 64, beside fifteen long ones about 200, so a
-# mixed prompt's first token came in 3.4-3.7 s instead of 6-7 (in process, BENCHMARKS.md)
+# mixed prompt's first token came in 3.4 s instead of 6.1-7.0 (in process, BENCHMARKS.md)
 DEFAULT_STREAM_STEP_STRETCH = 2.0
 DEFAULT_MAX_MESSAGES = 1024
 CHARACTERS_PER_TOKEN = 16  # the default character bound, per token of max_prompt_tokens
