@@ -2,6 +2,7 @@
 what glibc's allocator policy does to it.
 
     .venv/bin/python -m benchmarks.engine_step [--rounds 3] [--context 600] [--steps 10]
+                                               [--before OLD.mar]
 
 The smollm2 sample's engine (``handlers/paged_engine.py``) alone, no daemon, in a fresh
 process for every measurement: 16 sequences prefilled to ``--context`` tokens, then
@@ -9,7 +10,9 @@ process for every measurement: 16 sequences prefilled to ``--context`` tokens, t
 256 tokens beside them; then 16 sequences of 60 tokens (the short workload's size) decoding.
 Two allocator policies take turns, the order reversed every other round: glibc's default, and
 a continuous worker's (``mservd/worker/allocator.py``, set after the model loads, as the
-worker does). Each figure is the median over the rounds of each process's median step, with
+worker does). With ``--before`` two engines take turns instead, both under the continuous
+worker's policy and on this checkout's sample weights: the ``paged_engine.py`` inside an
+archive built from an older commit ("before"), and this checkout's ("now"). Each figure is the median over the rounds of each process's median step, with
 the range; minor page faults are counted a decoding step, in MiB; the load average (1 min) is
 recorded before each process; RSS is the process's at the end (two engines of a 1 GiB cache
 in it). The cost of a prompt token beside decoding streams is the 256-token chunk's step less
@@ -35,19 +38,29 @@ REPO = Path(__file__).resolve().parent.parent
 ARCHIVE = REPO / "model_store" / "smollm2.mar"
 RESULTS = REPO / "benchmarks" / "results"
 POLICIES = ("glibc default", "continuous worker")
+ENGINE = REPO / "handlers" / "paged_engine.py"
 SEQUENCES = 16
 SHORT = 60
 CHUNKS = (64, 256)
 
 
-def measure(policy: str, context: int, steps: int) -> dict[str, Any]:
-    """In this process: the step times (ms) of each shape, faults a decoding step, RSS."""
+def measure(policy: str, context: int, steps: int, engine_file: Path = ENGINE) -> dict[str, Any]:
+    """In this process: the step times (ms) of each shape, faults a decoding step, RSS, with
+    the engine of ``engine_file``."""
+    import importlib.util
+
     import torch
     from transformers import AutoModelForCausalLM
 
     sys.path.insert(0, str(REPO))
-    from handlers.paged_engine import PagedEngine, kv_budget
     from mservd.worker.allocator import keep_freed_memory
+
+    spec = importlib.util.spec_from_file_location("paged_engine", engine_file)
+    assert spec is not None and spec.loader is not None
+    paged_engine = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = paged_engine  # (its dataclasses look their module up)
+    spec.loader.exec_module(paged_engine)
+    PagedEngine, kv_budget = paged_engine.PagedEngine, paged_engine.kv_budget
 
     with tempfile.TemporaryDirectory(prefix="engine-step-") as folder:
         with zipfile.ZipFile(ARCHIVE) as archive:
@@ -98,12 +111,13 @@ def measure(policy: str, context: int, steps: int) -> dict[str, Any]:
     return figures
 
 
-def child(policy: str, context: int, steps: int) -> dict[str, Any]:
+def child(policy: str, context: int, steps: int, engine_file: Path = ENGINE) -> dict[str, Any]:
     """``measure`` in a fresh interpreter: its allocation history starts clean."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}  # glibc's own defaults
     done = subprocess.run([sys.executable, "-m", "benchmarks.engine_step", "--child", policy,
-                           "--context", str(context), "--steps", str(steps)],
+                           "--context", str(context), "--steps", str(steps),
+                           "--engine", str(engine_file)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
                           check=False)
     if done.returncode:
@@ -117,24 +131,36 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=600,
                         help="tokens each of the 16 long sequences holds")
     parser.add_argument("--steps", type=int, default=10, help="decoding steps timed")
+    parser.add_argument("--before", type=Path, metavar="OLD.mar",
+                        help="compare the engine in this smollm2 archive with this checkout's")
     parser.add_argument("--child", choices=POLICIES, help=argparse.SUPPRESS)
+    parser.add_argument("--engine", type=Path, default=ENGINE, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child, args.context, args.steps)))
+        print(json.dumps(measure(args.child, args.context, args.steps, args.engine)))
         return
     if not ARCHIVE.exists():
         raise SystemExit("Build the sample first: make samples")
-    runs: dict[str, list[dict[str, Any]]] = {policy: [] for policy in POLICIES}
-    loads = []
-    for r in range(args.rounds):
-        for policy in POLICIES if r % 2 == 0 else POLICIES[::-1]:
-            loads.append(os.getloadavg()[0])
-            runs[policy].append(child(policy, args.context, args.steps))
-            print(f"round {r + 1} {policy}: {runs[policy][-1]}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="engine-before-") as folder:
+        systems = {policy: (policy, ENGINE) for policy in POLICIES}
+        if args.before:
+            with zipfile.ZipFile(args.before) as archive:
+                before = Path(archive.extract("paged_engine.py", folder))
+            systems = {"before": (POLICIES[1], before), "now": (POLICIES[1], ENGINE)}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+        loads = []
+        names = list(systems)
+        for r in range(args.rounds):
+            for name in names if r % 2 == 0 else names[::-1]:
+                policy, engine_file = systems[name]
+                loads.append(os.getloadavg()[0])
+                runs[name].append(child(policy, args.context, args.steps, engine_file))
+                print(f"round {r + 1} {name}: {runs[name][-1]}", flush=True)
     print(report(runs, args.context, loads))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"engine-step-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"context": args.context, "steps": args.steps, "loads": loads,
+                               "before": str(args.before) if args.before else None,
                                "runs": runs}, indent=1))
     print(f"\nresults: {out}")
 
@@ -144,7 +170,7 @@ def report(runs: dict[str, list[dict[str, Any]]], context: int, loads: list[floa
                ("faults_mib", "faults a step (MiB)"),
                *[(f"chunk {n}", f"+ {n}-token chunk (ms)") for n in CHUNKS],
                ("decode short", f"16 × {SHORT} decoding (ms)"), ("rss_mib", "RSS (MiB)")]
-    lines = ["| policy | " + " | ".join(title for _, title in columns)
+    lines = ["| system | " + " | ".join(title for _, title in columns)
              + " | prompt token (ms) |", "|---" * (len(columns) + 2) + "|"]
     for policy, rows in runs.items():
         cells = []

@@ -14,10 +14,11 @@ of prompt for each prompt in line, or what stretches their step by ``step_stretc
 :class:`StepClock` has timed it: :meth:`PagedEngine.step_tokens`), a prompt is prefilled
 beside them while a block is free for each sequence rather than 15 % of the cache
 (:meth:`PagedEngine.margin`), each sequence attends to its own keys alone
-(:func:`varlen_sdpa`; short decoding ones of like lengths in one call) instead of the whole
-step under a mask, and cached prefix blocks are evicted least recently used first, only as
-many as a step needs room for (:class:`LeastRecentlyUsed`), not all at once. Those names are
-semi-private and
+(:func:`varlen_sdpa`; decoding ones of like lengths in one call) instead of the whole
+step under a mask, read from the cache where they lie rather than from a copy of the step's
+every key (:func:`read_keys_in_place`), and cached prefix blocks are evicted least recently
+used first, only as many as a step needs room for (:class:`LeastRecentlyUsed`), not all at
+once. Those names are semi-private and
 change between minor versions: pyproject.toml pins ``transformers==5.25.*`` and
 ``tests/unit/test_paged_engine.py`` fails loudly when an upgrade breaks them.
 
@@ -144,6 +145,7 @@ def kv_budget(model: Any, setting: Any, device: torch.device) -> KVBudget:
 
 ATTENTION = "mservd_varlen_sdpa"  # (a name with "flash" in it would make transformers look
 # for a flash-attn kernel)
+READ_INDEX = "mservd_read_index"  # where a step's keys lie in the cache (read_keys_in_place)
 
 
 def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -159,10 +161,16 @@ def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     and a step's time grew from 1.5 s to 4.6 s as the sequences grew (16 mixed prompts, this
     2-core box). Here a step costs about the sum of its sequences' own (queries × keys): a
     prompt (or a chunk of one: its queries are the last positions of its keys, causal from the
-    bottom right) attends alone, and so does a long decoding sequence; the short decoding ones
-    (one query each) attend together, in groups of similar lengths padded to the longest of
-    their group (:class:`DecodeGroup`), one call a group instead of one a sequence. Outside
-    the engine (no ``cu_seq_lens_q``) it is plain SDPA.
+    bottom right) attends alone; decoding sequences (one query each) attend together, in
+    groups of similar lengths padded to the longest of their group (:class:`DecodeGroup`), one
+    call a group instead of one a sequence.
+
+    With :func:`read_keys_in_place` (the engine's cache), ``key`` and ``value`` are the whole
+    cache and ``kwargs[READ_INDEX]`` says where each sequence's keys lie in it: a prompt's
+    keys are read out for it alone, and a group's straight into its padded rows, so no key is
+    copied twice. Otherwise they are the step's keys read back in sequence order, and only
+    decoding sequences of up to ``StepPlan.GROUP_KEYS`` keys are grouped. Outside the engine
+    (no ``cu_seq_lens_q``) it is plain SDPA.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -174,25 +182,52 @@ def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     heads, positions, dim = query.shape[1], query.shape[2], query.shape[3]
     out = query.new_zeros(1, heads, positions, dim)
     gqa = key.shape[1] != heads
-    plan = StepPlan.of(cu_q, cu_k, query.device)
+    read = kwargs.get(READ_INDEX)
+    plan = StepPlan.of(cu_q, cu_k, query.device, grouped_keys=None if read is not None
+                       else StepPlan.GROUP_KEYS)
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    kv_heads = key.shape[1]
+    if read is not None:  # the cache, a row a slot and head: [slots × KV heads, dim]
+        keys, values = (cache[0].transpose(0, 1).reshape(-1, dim) for cache in (key, value))
     for q0, q1, k0, k1 in plan.alone:
         q_len, k_len = q1 - q0, k1 - k0
         mask = None
         if 1 < q_len < k_len:  # a chunk after the sequence's cached tokens
             mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(
                 k_len - q_len)
-        out[:, :, q0:q1] = sdpa(query[:, :, q0:q1], key[:, :, k0:k1], value[:, :, k0:k1],
-                                attn_mask=mask, is_causal=q_len == k_len and q_len > 1,
-                                scale=scaling, enable_gqa=gqa)
+        if read is None:
+            own_keys, own_values = key[:, :, k0:k1], value[:, :, k0:k1]
+        else:
+            own = cache_rows(read[k0:k1].unsqueeze(0), kv_heads)
+            own_keys = keys.index_select(0, own).view(1, kv_heads, k_len, dim)
+            own_values = values.index_select(0, own).view(1, kv_heads, k_len, dim)
+        out[:, :, q0:q1] = sdpa(query[:, :, q0:q1], own_keys, own_values, attn_mask=mask,
+                                is_causal=q_len == k_len and q_len > 1, scale=scaling,
+                                enable_gqa=gqa)
     for group in plan.groups:
         rows, width = group.rows.numel(), group.width
-        keys = key[0].index_select(1, group.keys).view(-1, rows, width, dim).transpose(0, 1)
-        values = value[0].index_select(1, group.keys).view(-1, rows, width, dim).transpose(0, 1)
+        if read is None:
+            group_keys = key[0].index_select(1, group.keys).view(-1, rows, width, dim)
+            group_values = value[0].index_select(1, group.keys).view(-1, rows, width, dim)
+            group_keys, group_values = group_keys.transpose(0, 1), group_values.transpose(0, 1)
+        else:
+            own = cache_rows(read.index_select(0, group.keys).view(rows, width), kv_heads)
+            group_keys = keys.index_select(0, own).view(rows, kv_heads, width, dim)
+            group_values = values.index_select(0, own).view(rows, kv_heads, width, dim)
         queries = query[0].index_select(1, group.rows).transpose(0, 1).unsqueeze(2)
-        got = sdpa(queries, keys, values, attn_mask=group.mask, scale=scaling, enable_gqa=gqa)
+        got = sdpa(queries, group_keys, group_values, attn_mask=group.mask, scale=scaling,
+                   enable_gqa=gqa)
         out[0].index_copy_(1, group.rows, got.squeeze(2).transpose(0, 1))
     return out.transpose(1, 2).contiguous(), None
+
+
+def cache_rows(slots: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """The rows of a cache seen as [slots × KV heads, dim] that hold ``slots`` (sequences ×
+    keys), each head's keys together: gathered, they are the (sequence, head, key, dim)
+    layout SDPA reads quickest (a group of 16 × 600 keys attends in 2 ms a layer so, against
+    4 ms from the cache's own slot-major order, this 2-core box)."""
+    heads = torch.arange(kv_heads, device=slots.device).view(1, kv_heads, 1)
+    return (slots.unsqueeze(1) * kv_heads + heads).flatten()
 
 
 @dataclass(frozen=True)
@@ -216,18 +251,21 @@ class StepPlan:
     alone: list[tuple[int, int, int, int]]
     groups: list[DecodeGroup]
 
-    # A call costs about what copying 150 tokens' keys and values does (this 2-core box): a
-    # group gathers its keys, a sequence alone reads them where they lie. So only sequences
-    # of up to GROUP_KEYS keys are grouped (16 mixed streams of 16-1,280 keys, all grouped:
-    # 2.0-2.3 steps/s, against 2.3-2.8 one call each)...
+    # A call costs about what copying 150 tokens' keys and values does (this 2-core box).
+    # When the step's keys were read back in sequence order, a group gathers its keys a
+    # second time while a sequence alone attends to them where they lie: so only sequences
+    # of up to GROUP_KEYS keys are grouped then (16 mixed streams of 16-1,280 keys, all
+    # grouped: 2.0-2.3 steps/s, against 2.3-2.8 one call each). Read from the cache in
+    # place, every key is gathered once either way, and every decoding sequence is grouped...
     GROUP_KEYS = 256
     PADDING = 1.25  # ...and a group's keys, padded, are at most this many times its own...
     SLACK = 128  # ...plus this many
     last: ClassVar[tuple[Any, StepPlan] | None] = None
 
     @classmethod
-    def of(cls, cu_q: torch.Tensor, cu_k: torch.Tensor, device: torch.device) -> StepPlan:
-        bounds = (tuple(cu_q.tolist()), tuple(cu_k.tolist()), device)
+    def of(cls, cu_q: torch.Tensor, cu_k: torch.Tensor, device: torch.device,
+           grouped_keys: int | None = GROUP_KEYS) -> StepPlan:
+        bounds = (tuple(cu_q.tolist()), tuple(cu_k.tolist()), device, grouped_keys)
         if cls.last is not None and cls.last[0] == bounds:
             return cls.last[1]
         plan = cls.make(*bounds)
@@ -236,11 +274,12 @@ class StepPlan:
 
     @classmethod
     def make(cls, bounds_q: tuple[int, ...], bounds_k: tuple[int, ...],
-             device: torch.device) -> StepPlan:
+             device: torch.device, grouped_keys: int | None = GROUP_KEYS) -> StepPlan:
+        """``grouped_keys``: the longest decoding sequence that is grouped (None: any)."""
         alone, decoding = [], []
         for i in range(len(bounds_q) - 1):
             q0, q1, k0, k1 = bounds_q[i], bounds_q[i + 1], bounds_k[i], bounds_k[i + 1]
-            if q1 - q0 == 1 and 1 < k1 - k0 <= cls.GROUP_KEYS:
+            if q1 - q0 == 1 and 1 < k1 - k0 <= (grouped_keys or k1 - k0):
                 decoding.append((k1 - k0, q0, k0))
             elif q1 > q0:
                 alone.append((q0, q1, k0, k1))
@@ -285,6 +324,44 @@ def use_varlen_sdpa(model: Any, io: Any) -> None:
     AttentionInterface.register(ATTENTION, varlen_sdpa)
     model.set_attn_implementation(ATTENTION)
     io.attention_mask = None  # is_causal then; varlen_sdpa reads each sequence's bounds
+
+
+def read_keys_in_place(cache: Any) -> bool:
+    """Have the attention read each layer's keys and values where they lie in ``cache``
+    (transformers' paged cache) instead of from a copy of them all.
+
+    transformers writes a step's new keys and values into the cache and then reads back
+    every key and value of every sequence in the step, in every layer (``index_select``:
+    16 sequences of 600 tokens are 7 MB of keys and 7 of values a layer for SmolLM2), and
+    the attention reads them from that copy; grouping decoding sequences then copied theirs
+    once more. Here the cache's ``update`` writes the new ones as transformers does and hands
+    the attention the whole cache with the read indices (``kwargs[READ_INDEX]``), and
+    :func:`varlen_sdpa` gathers each sequence's keys once, straight into the layout it
+    attends in. Only for a cache of one full-attention allocator read by index (a model
+    with sliding-window layers keeps transformers' read-back); returns whether it applies.
+    """
+    allocators = list(cache.cache_allocators.values())
+    if len(allocators) != 1 or allocators[0].layer_type != "full_attention":
+        return False
+    allocator = allocators[0]
+    update = cache.update
+
+    def update_in_place(key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+                        kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        read_index = kwargs["read_index"][allocator.index]
+        if kwargs.get("block_table") is not None or read_index.numel() == 0:
+            return update(key_states, value_states, layer_idx, kwargs)  # nothing cached to read
+        kwargs["cu_seq_lens_k"] = kwargs["cu_seq_lens_k"][allocator.layer_type].to(torch.int32)
+        kwargs["max_length_k"] = kwargs["max_length_k"][allocator.layer_type]
+        write_index = kwargs["write_index"][allocator.index]
+        k_cache, v_cache = allocator._kv_token_views[layer_idx]  # [slots, KV heads, dim]
+        k_cache.index_copy_(0, write_index, key_states[0].transpose(0, 1))
+        v_cache.index_copy_(0, write_index, value_states[0].transpose(0, 1))
+        kwargs[READ_INDEX] = read_index
+        return k_cache.transpose(0, 1).unsqueeze(0), v_cache.transpose(0, 1).unsqueeze(0)
+
+    cache.update = update_in_place
+    return True
 
 
 class LeastRecentlyUsed:
@@ -449,6 +526,7 @@ class PagedEngine:
         self.manager.background_thread_status.clear()
         self.processor = self.manager._create_batch_processor()
         use_varlen_sdpa(model, self.processor.inputs_and_outputs)
+        read_keys_in_place(self.processor.cache)
         self.manager.batch_processor = self.processor
         self.manager.current_batch = 0
         self.processor.model_runner._sample = self._sample

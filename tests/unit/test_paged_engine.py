@@ -340,3 +340,54 @@ def test_decoding_sequences_of_like_lengths_attend_in_one_call_and_a_long_one_al
         alone = sdpa(query[:, :, q0:q1], key[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask,
                      enable_gqa=True)
         torch.testing.assert_close(got[0, q0:q1], alone[0].transpose(0, 1))
+
+
+def test_read_in_place_every_decoding_sequence_is_grouped_and_attends_to_its_own_slots() -> None:
+    # the cache a row a slot; each sequence's keys in scattered slots, as blocks are handed
+    # out: a 40-token chunk after 60 cached tokens, then decoding sequences of 30, 890, 33,
+    # 900 and 31 keys. Read in place, the long ones group as the short ones do
+    lengths_q = [40, 1, 1, 1, 1, 1]
+    lengths_k = [100, 30, 890, 33, 900, 31]
+    cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()])
+    cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()])
+    plan = paged_engine.StepPlan.make(tuple(cu_q.tolist()), tuple(cu_k.tolist()), CPU,
+                                      grouped_keys=None)
+    assert plan.alone == [(0, 40, 0, 100)]
+    assert [group.rows.tolist() for group in plan.groups] == [[40, 44, 42], [41, 43]]
+    torch.manual_seed(0)
+    slots = 4096
+    cache_k, cache_v = torch.randn(2, slots, 3, 64)
+    read = torch.randperm(slots)[:sum(lengths_k)]
+    query = torch.randn(1, 9, sum(lengths_q), 64)
+    got, _ = paged_engine.varlen_sdpa(
+        torch.nn.Identity(), query, cache_k.transpose(0, 1).unsqueeze(0),
+        cache_v.transpose(0, 1).unsqueeze(0), None, cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_k,
+        **{paged_engine.READ_INDEX: read})
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for i in range(len(lengths_q)):
+        q0, q1, k0, k1 = cu_q[i].item(), cu_q[i + 1].item(), cu_k[i].item(), cu_k[i + 1].item()
+        own_k, own_v = (cache[read[k0:k1]].transpose(0, 1).unsqueeze(0)
+                        for cache in (cache_k, cache_v))
+        mask = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).tril(k1 - k0 - (q1 - q0))
+        alone = sdpa(query[:, :, q0:q1], own_k, own_v, attn_mask=mask, enable_gqa=True)
+        torch.testing.assert_close(got[0, q0:q1], alone[0].transpose(0, 1))
+
+
+def test_the_engine_reads_keys_where_they_lie_in_its_cache(model) -> None:
+    eng = engine(model)
+    seen: list[tuple[int, int]] = []
+    update = eng.cache.update
+
+    def spy(key_states, value_states, layer_idx, kwargs):
+        got = update(key_states, value_states, layer_idx, kwargs)
+        if layer_idx == 0:
+            read = kwargs.get(paged_engine.READ_INDEX)
+            seen.append((got[0].shape[2], -1 if read is None else read.numel()))
+        return got
+    eng.cache.update = spy
+    eng.add("a", prompt(1, 40), 2, eos=[])
+    assert len(drive(eng)["a"]) == 2
+    slots = seen[-1][0]
+    # the prompt's one step has nothing cached to read: its own keys; then the whole cache,
+    # 41 of its slots read
+    assert seen == [(40, -1), (slots, 41)] and slots >= 64 * 32
