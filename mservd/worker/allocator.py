@@ -1,8 +1,8 @@
 """A continuous-batching worker keeps the memory a step frees for the next step (glibc).
 
 Every step of the paged engine allocates and frees the same large tensors in every layer: the
-cache's read-back of each sequence's keys and values (7 MB each a layer for 16 sequences of
-600 tokens with SmolLM2), the attention's scores, a prompt chunk's activations. glibc's
+keys and values of each sequence gathered from the cache (7 MB each a layer for 16 sequences
+of 600 tokens with SmolLM2), the attention's scores, a prompt chunk's activations. glibc's
 malloc maps a chunk above its mmap threshold fresh from the kernel and unmaps it on free, and
 gives back the heap's free top above its trim threshold; either way the next step faults the
 pages in again, zeroed by the kernel. glibc raises both thresholds by itself, but only after
