@@ -12,7 +12,8 @@ Two allocator policies take turns, the order reversed every other round: glibc's
 a continuous worker's (``mservd/worker/allocator.py``, set after the model loads, as the
 worker does). With ``--before`` two engines take turns instead, both under the continuous
 worker's policy and on this checkout's sample weights: the ``paged_engine.py`` inside an
-archive built from an older commit ("before"), and this checkout's ("now"). Each figure is the median over the rounds of each process's median step, with
+archive built from an older commit ("before"), and this checkout's ("now"). Each figure is
+the median over the rounds of each process's median step, with
 the range; minor page faults are counted a decoding step, in MiB; the load average (1 min) is
 recorded before each process; RSS is the process's at the end (two engines of a 1 GiB cache
 in it). The cost of a prompt token beside decoding streams is the 256-token chunk's step less
