@@ -58,7 +58,7 @@ on the CPU; or ``float32``, ``bfloat16``, ``float16``), ``max_new_tokens`` (the 
 messages; default 16 per token of ``max_prompt_tokens``), ``max_messages`` (default 1024) and
 ``prefill_tokens`` (the tokens one step runs: default 512 on the CPU, 2048 on a GPU),
 ``stream_step_tokens`` (the prompt tokens one step runs for each prompt in line while
-sequences decode, up to ``prefill_tokens``: default 64 on the CPU, a quarter of
+sequences decode, up to ``prefill_tokens``: default 32 on the CPU, a quarter of
 ``prefill_tokens`` on a GPU, so that a long prompt's chunks stretch the streams' next tokens
 less), ``stream_step_stretch`` (default 2: beside decoding sequences a step runs at least the
 prompt tokens that make it take that many times a step of their decoding alone, as the engine
@@ -92,13 +92,13 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_PREFILL_TOKENS = {"cpu": 512, "cuda": 2048}  # tokens one step runs (prefill and decode)
-# prompt tokens one step runs for each prompt in line while sequences decode: on the CPU 64
-# kept the streams' longest gap beside a 1,500-token prompt at 2.6x their median (128: 4.0x)
-# for 1.5x that prompt's first token (BENCHMARKS.md, issue 47); elsewhere a quarter of
-# prefill_tokens
-DEFAULT_STREAM_STEP_TOKENS = {"cpu": 64}
+# prompt tokens one step runs for each prompt in line while sequences decode: on the CPU 32,
+# so that beside four short streams the clock's share (about 50 there) decides; 64 held every
+# chunk of a 1,500-token prompt at 64 and its steps at 2.1-2.6x the streams' (BENCHMARKS.md,
+# issue 47); elsewhere a quarter of prefill_tokens
+DEFAULT_STREAM_STEP_TOKENS = {"cpu": 32}
 # ...and at least what makes a step take this many times a step of the decoding sequences
-# alone: beside four short streams about those 64, beside fifteen long ones about 200, so a
+# alone: beside four short streams about 50, beside fifteen long ones about 200, so a
 # mixed prompt's first token came in 3.4 s instead of 6.1-7.0 (in process, BENCHMARKS.md)
 DEFAULT_STREAM_STEP_STRETCH = 2.0
 DEFAULT_MAX_MESSAGES = 1024

@@ -32,9 +32,12 @@ Like the handler that uses it, it imports nothing of mservd: it travels in the a
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import re
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -141,6 +144,22 @@ def kv_budget(model: Any, setting: Any, device: torch.device) -> KVBudget:
                          f"{page_size} tokens at {per_token} bytes a token: give at least "
                          f"{per_token * page_size} bytes.")
     return KVBudget(per_token, budget, page_size, blocks)
+
+
+def key_share(model: Any) -> float:
+    """What one key a prompt token attends to costs, as a share of what the token costs the
+    rest of the model: attention does 2 × heads × head size multiply-adds a key in each layer
+    (its score, then its value), the rest of the model one a weight (the embeddings aside).
+    SmolLM2-135M: 3.3e-4, so 1,500 keys cost half a token (this box's SDPA takes ~1.7 times
+    that: the clock's learned cost a unit takes up most of the difference)."""
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    head_size = getattr(config, "head_dim", None) or config.hidden_size // heads
+    embeddings = {id(weight) for module in (model.get_input_embeddings(),
+                                            model.get_output_embeddings())
+                  if module is not None for weight in module.parameters()}
+    weights = sum(weight.numel() for weight in model.parameters() if id(weight) not in embeddings)
+    return 2 * config.num_hidden_layers * heads * head_size / max(weights, 1)
 
 
 ATTENTION = "mservd_varlen_sdpa"  # (a name with "flash" in it would make transformers look
@@ -436,44 +455,82 @@ class LeastRecentlyUsed:
 
 
 class StepClock:
-    """What a step costs, learned from the steps the engine runs: a step of decoding alone,
-    and a prompt token run beside decoding ones (running averages, the newest step weighing
-    :attr:`WEIGHT`).
+    """What a step costs, learned from the steps the engine runs: a step of decoding alone
+    (the median of the last :attr:`DECODING_STEPS`), and a unit of prompt work beside
+    decoding ones, where a prompt token is one unit and each key it attends to ``key_share``
+    of one (running averages, the newest step weighing :attr:`WEIGHT`).
 
     A fixed share of prompt tokens a step cannot suit both ends of the traffic: beside four
     short streams (a step of ~170 ms on this 2-core box) 64 prompt tokens already double
     their gap, beside fifteen long ones (~450 ms) they stretch it by a third while the prompt
     waits eight steps for its first token. :meth:`prompt_tokens` sizes the share by time
     instead: the prompt tokens that make a decoding step take ``stretch`` times as long
-    (Sarathi-Serve's budget, learned rather than profiled).
+    (Sarathi-Serve's budget, learned rather than profiled). The keys count because a long
+    prompt's last chunks attend to all its earlier tokens: on this box 64 tokens 1,500 into a
+    prompt add ~1.8 times what they add at its start, and one cost a token, learned from the
+    chunks before, is low for each next one. What a key costs beside a token is the model's
+    arithmetic (:func:`key_share`), not learned: fitted from the steps as well (tried on a
+    simulation with this box's costs and noise), it drifted with the noise, and where it came
+    out near nothing the next prompt's first chunk ran to 5-11 times the decoding step. A
+    chunk grows at most twofold a step, so that one step that ran quick by chance does not
+    buy the next one a prompt's worth. The decoding step is a median because no step decodes
+    alone while a prompt is prefilled, so the last ones before it set every chunk's size: with
+    a running average, one slow step among them (the prompt's arrival slows the step it comes
+    in) held a whole prompt's chunk steps at 2.6-3 times the streams' gap, one quick one at 1.6.
     """
 
     WEIGHT = 0.25
-    MIN_PROMPT_TOKENS = 16  # a step with fewer says little about a prompt token's cost
+    DECODING_STEPS = 7
+    MIN_PROMPT_TOKENS = 16  # a step of prompts alone with fewer says little about a token
 
-    def __init__(self, stretch: float) -> None:
+    def __init__(self, stretch: float, key_share: float = 0.0) -> None:
         self.stretch = stretch
-        self.decoding: float | None = None  # seconds: a step of decoding sequences alone
-        self.prompt_token: float | None = None  # seconds a prompt token adds to a step
+        self.key_share = key_share
+        self.decoding: float | None = None  # seconds: a step of decoding sequences alone...
+        self.decoding_steps: deque[float] = deque(maxlen=self.DECODING_STEPS)  # ...the median
+        self.prefill_unit: float | None = None  # seconds a unit of prompts run alone: a guess
+        self.added: float | None = None  # seconds a chunk added to a decoding step...
+        self.units: float | None = None  # ...for this much work (running means both)
+        self.last_chunk = 0  # the prompt tokens of the last step beside decoding ones
 
-    def record(self, seconds: float, decoding: int, prompt_tokens: int) -> None:
+    def record(self, seconds: float, decoding: int, prompt_tokens: int, keys: int = 0) -> None:
         """Learn from a step that took ``seconds`` to run ``decoding`` decoding sequences and
-        ``prompt_tokens`` tokens of prompts."""
+        ``prompt_tokens`` tokens of prompts, which attended to ``keys`` keys in all."""
+        units = prompt_tokens + self.key_share * keys
         if decoding and not prompt_tokens:
-            self.decoding = self._average(self.decoding, seconds)
-        elif prompt_tokens >= self.MIN_PROMPT_TOKENS:
-            if not decoding:
-                self.prompt_token = self._average(self.prompt_token, seconds / prompt_tokens)
-            elif self.decoding is not None:
-                self.prompt_token = self._average(
-                    self.prompt_token, max(seconds - self.decoding, 0.0) / prompt_tokens)
+            self.decoding_steps.append(seconds)
+            self.decoding = statistics.median(self.decoding_steps)
+        elif not decoding:
+            if prompt_tokens >= self.MIN_PROMPT_TOKENS:
+                self.prefill_unit = self._average(self.prefill_unit, seconds / units)
+        elif self.decoding is not None:
+            self.added = self._average(self.added, max(seconds - self.decoding, 0.0))
+            self.units = self._average(self.units, units)
+            self.last_chunk = prompt_tokens
 
-    def prompt_tokens(self) -> int:
+    def unit_cost(self) -> float | None:
+        """Seconds a unit of prompt work adds to a step beside decoding sequences (until one
+        has run beside them, what it took alone); None until a prompt has been timed."""
+        if self.added and self.units:
+            return self.added / self.units
+        return self.prefill_unit
+
+    def prompt_tokens(self, past: int = 0) -> int:
         """The prompt tokens a step beside decoding sequences may run to take ``stretch``
-        times a decoding step; 0 until both costs are known."""
-        if not self.decoding or not self.prompt_token:
+        times a decoding step, when they go on with a prompt ``past`` tokens in; 0 until
+        both costs are known."""
+        cost = self.unit_cost()
+        if not self.decoding or not cost:
             return 0
-        return max(0, int((self.stretch - 1) * self.decoding / self.prompt_token))
+        units = (self.stretch - 1) * self.decoding / cost
+        # n tokens after ``past`` attend to n × past + n (n + 1) / 2 keys
+        linear = 1 + self.key_share * (past + 0.5)
+        if self.key_share:
+            share = self.key_share
+            tokens = (math.sqrt(linear * linear + 2 * share * units) - linear) / share
+        else:
+            tokens = units / linear
+        return max(0, min(int(tokens), 2 * max(self.last_chunk, self.MIN_PROMPT_TOKENS)))
 
     def _average(self, mean: float | None, sample: float) -> float:
         return sample if mean is None else mean + self.WEIGHT * (sample - mean)
@@ -538,7 +595,7 @@ class PagedEngine:
         self.batch_tokens = max_batch_tokens
         self.streaming_batch_tokens = min(max_batch_tokens, streaming_batch_tokens
                                           or max(32, max_batch_tokens // 4))
-        self.clock = StepClock(step_stretch or 1.0)
+        self.clock = StepClock(step_stretch or 1.0, key_share(model))
         self.capacity = self.cache.num_blocks * budget.page_size  # tokens
         self.reused = 0  # prompt tokens found in the cache since the last usage()
         search = self.cache.search_prefix_match
@@ -581,22 +638,28 @@ class PagedEngine:
         result = EngineStep()
         processor = self.processor
         scheduler = processor.scheduler
-        decoding = sum(state.status == self.DECODING for state in scheduler.active_requests.values())
-        prompts = (len(scheduler.active_requests) - decoding + len(scheduler.waiting_requests)
+        decoding = {rid for rid, state in scheduler.active_requests.items()
+                    if state.status == self.DECODING}
+        prompts = (len(scheduler.active_requests) - len(decoding) + len(scheduler.waiting_requests)
                    + processor.input_queue.qsize())  # (added since the last step: not moved yet)
-        processor.max_batch_tokens = self.step_tokens(decoding, prompts)
+        processor.max_batch_tokens = self.step_tokens(len(decoding), prompts, self.prompt_past())
         scheduler.safety_margin = self.margin(len(scheduler.active_requests))
         try:
             with torch.inference_mode():
                 started = time.perf_counter()
                 if processor.prepare_next_batch():
-                    result.scheduled = {
-                        future.state.request_id: future.query_length
-                        for future in processor.inputs_and_outputs.requests_in_batch}
+                    batch = processor.inputs_and_outputs.requests_in_batch
+                    result.scheduled = {future.state.request_id: future.query_length
+                                        for future in batch}
+                    # (each prompt token attends to the keys up to its own: its position + 1;
+                    # the batch has moved each sequence's position past this step's tokens)
+                    keys = sum(future.query_length * (2 * future.state.position_offset
+                                                      - future.query_length + 1) // 2
+                               for future in batch if future.state.request_id not in decoding)
                     processor._generation_step(self.model)
                     processor.update_batch()  # (reads the tokens back: a GPU's step is done)
-                    self.clock.record(time.perf_counter() - started, decoding,
-                                      sum(result.scheduled.values()) - decoding)
+                    self.clock.record(time.perf_counter() - started, len(decoding),
+                                      sum(result.scheduled.values()) - len(decoding), keys)
         except RuntimeError as exc:
             if not str(exc).startswith(NO_ROOM) or not self.requests:
                 self.cancel_all()
@@ -627,17 +690,27 @@ class PagedEngine:
                 self.seen.pop(rid, None)
         return result
 
-    def step_tokens(self, decoding: int, prompts: int) -> int:
+    def step_tokens(self, decoding: int, prompts: int, past: int = 0) -> int:
         """The tokens a step may run: all of the budget when no sequence decodes; beside
         decoding ones, their tokens and ``streaming_batch_tokens`` of prompt for each prompt
-        waiting or being prefilled, up to the budget. One long prompt joining a few streams
-        stretches their next tokens little; a queue of prompts gets a share that grows with
-        it, so that it drains sooner. Every decoding sequence gets its token, whatever the
-        budget."""
+        waiting or being prefilled, or what the clock says stretches their step by its factor
+        when the prompt goes on ``past`` tokens in, if that is more; up to the budget. One
+        long prompt joining a few streams stretches their next tokens little; a queue of
+        prompts gets a share that grows with it, so that it drains sooner. Every decoding
+        sequence gets its token, whatever the budget."""
         if not decoding:
             return self.batch_tokens
-        prompt = max(self.streaming_batch_tokens * max(1, prompts), self.clock.prompt_tokens())
+        prompt = max(self.streaming_batch_tokens * max(1, prompts),
+                     self.clock.prompt_tokens(past))
         return max(decoding, min(self.batch_tokens, decoding + prompt))
+
+    def prompt_past(self) -> int:
+        """Where the next step's prompt tokens begin: how far the prompt being prefilled has
+        got (the scheduler goes on with it first), or 0 for a new one."""
+        for state in self.processor.scheduler.active_requests.values():
+            if state.status != self.DECODING:
+                return int(state.position_offset)
+        return 0
 
     def margin(self, active: int) -> float:
         """The share of the cache that must stay free for a prompt to be prefilled beside

@@ -302,9 +302,9 @@ def test_dtype_is_float32_on_the_cpu_unless_set(model_dir) -> None:
 def test_the_prompt_share_settings_reach_the_engine_and_a_bad_stretch_is_refused(
         model_dir) -> None:
     lm, _, _ = handler(model_dir)
-    assert (lm.engine.streaming_batch_tokens, lm.engine.clock.stretch) == (64, 2.0)  # the CPU's
-    lm, _, _ = handler(model_dir, stream_step_tokens=32, stream_step_stretch=1.5)
-    assert (lm.engine.streaming_batch_tokens, lm.engine.clock.stretch) == (32, 1.5)
+    assert (lm.engine.streaming_batch_tokens, lm.engine.clock.stretch) == (32, 2.0)  # the CPU's
+    lm, _, _ = handler(model_dir, stream_step_tokens=48, stream_step_stretch=1.5)
+    assert (lm.engine.streaming_batch_tokens, lm.engine.clock.stretch) == (48, 1.5)
     for bad in ("lots", 0.5, None):
         with pytest.raises(ValueError, match="stream_step_stretch .* is not a number of at "
                                              "least 1"):

@@ -193,26 +193,80 @@ def test_the_step_clock_gives_prompts_what_stretches_a_decoding_step_by_its_fact
     assert clock.prompt_tokens() == 0  # nothing timed yet: the per-prompt share alone
     clock.record(0.5, decoding=0, prompt_tokens=250)  # a prompt alone: 2 ms a token
     clock.record(0.2, decoding=4, prompt_tokens=0)  # four streams alone: 200 ms
+    assert clock.prompt_tokens() == 32  # 100 would double it, but a chunk grows twofold a step
+    clock.record(0.264, decoding=4, prompt_tokens=32)  # beside them: (264 - 200) / 32 = 2 ms
+    assert clock.prompt_tokens() == 64
+    clock.record(0.328, decoding=4, prompt_tokens=64)
     assert clock.prompt_tokens() == 100  # 200 ms more: twice the decoding step
-    clock.record(0.4, decoding=4, prompt_tokens=100)  # beside them: (400 - 200) / 100 = 2 ms
-    assert clock.prompt_tokens() == 100
-    clock.record(0.3, decoding=4, prompt_tokens=10)  # too few prompt tokens to tell
-    assert clock.prompt_tokens() == 100
     for _ in range(40):  # fifteen long streams: 450 ms; a prompt token costs 2.5 ms now
         clock.record(0.45, decoding=15, prompt_tokens=0)
         clock.record(0.45 + 0.25, decoding=15, prompt_tokens=100)
     assert clock.prompt_tokens() == pytest.approx(180, abs=2)
+    clock.record(0.9, decoding=15, prompt_tokens=0)  # one slow step (a prompt coming in)...
+    assert clock.prompt_tokens() == pytest.approx(180, abs=2)  # ...moves the median nothing
     assert paged_engine.StepClock(stretch=1.0).prompt_tokens() == 0
+
+
+def test_a_chunk_deep_in_a_prompt_gets_fewer_tokens_for_the_keys_they_attend_to() -> None:
+    """n tokens ``past`` tokens into a prompt attend to n × past + n (n + 1) / 2 keys: 1,500
+    in, each of them costs 2.5 times what it costs at the start with a key share of 1/1,000."""
+    clock = paged_engine.StepClock(stretch=2.0, key_share=1e-3)
+
+    def chunk(tokens: int, past: int) -> tuple[float, int]:  # beside 200 ms of decoding
+        keys = tokens * past + tokens * (tokens + 1) // 2
+        return 0.2 + 0.002 * (tokens + 1e-3 * keys), keys  # 2 ms a unit of work
+
+    clock.record(0.2, decoding=4, prompt_tokens=0)
+    for tokens, past in ((32, 0), (64, 32), (96, 96), (64, 700), (64, 1500)):
+        seconds, keys = chunk(tokens, past)
+        clock.record(seconds, decoding=4, prompt_tokens=tokens, keys=keys)
+    assert clock.unit_cost() == pytest.approx(0.002)
+    for past in (0, 1500):  # the most tokens that keep the step within twice the decoding one
+        tokens = clock.prompt_tokens(past)
+        assert chunk(tokens, past)[0] <= 0.4 < chunk(tokens + 1, past)[0]
+    assert (clock.prompt_tokens(0), clock.prompt_tokens(1500)) == (95, 39)
+
+
+def test_the_engine_times_each_chunk_with_the_keys_its_tokens_attend_to(model) -> None:
+    eng = PagedEngine(model, KVBudget(PER_TOKEN, 64 * 32 * PER_TOKEN, 32, 64), 512, greedy,
+                      streaming_batch_tokens=32, step_stretch=2.0)
+    timed: list[tuple[int, int, int]] = []
+    record = eng.clock.record
+
+    def told(seconds: float, decoding: int, prompt_tokens: int, keys: int = 0) -> None:
+        timed.append((decoding, prompt_tokens, keys))
+        record(seconds, decoding, prompt_tokens, keys)
+
+    eng.clock.record = told  # type: ignore[method-assign]
+    for i in range(2):
+        eng.add(f"s{i}", prompt(i, 10), 40, eos=[])
+    eng.step()  # both prompts alone: each token attends to itself and the ones before it
+    assert timed[-1] == (0, 20, 2 * (10 * 11 // 2))
+    eng.add("long", prompt(9, 200), 2, eos=[])
+    chunks: list[int] = []
+    answered = False
+    while not answered:
+        assert eng.prompt_past() == sum(chunks)  # where the next chunk goes on
+        answered = "long" in eng.step().tokens
+        decoding, tokens, keys = timed[-1]
+        past = sum(chunks)
+        assert decoding == 2 and keys == tokens * past + tokens * (tokens + 1) // 2
+        chunks.append(tokens)
+    assert chunks == [32] * 6 + [8]  # no decoding step timed alone yet: the share a prompt
 
 
 def test_beside_decoding_streams_a_prompt_gets_the_clocks_share_when_it_is_more(model) -> None:
     eng = PagedEngine(model, KVBudget(PER_TOKEN, 64 * 32 * PER_TOKEN, 32, 64), 512, greedy,
                       streaming_batch_tokens=64, step_stretch=2.0)
-    eng.clock.decoding, eng.clock.prompt_token = 0.45, 0.0025  # as learned: 180 tokens
+    eng.clock.key_share = 0.0  # (keys free: a token's cost alone decides)
+    eng.clock.decoding = 0.45  # as learned: 2.5 ms a prompt token beside them, 180 tokens
+    eng.clock.added, eng.clock.units, eng.clock.last_chunk = 0.25, 100, 100
     assert eng.step_tokens(decoding=15, prompts=1) == 15 + 180
     assert eng.step_tokens(decoding=15, prompts=4) == 15 + 4 * 64  # the queue's share is more
     assert eng.step_tokens(decoding=0, prompts=1) == 512  # nothing decodes: all of it
     eng.clock.decoding = 2.0
+    assert eng.step_tokens(decoding=15, prompts=1) == 15 + 200  # twice the last chunk at most
+    eng.clock.last_chunk = 400
     assert eng.step_tokens(decoding=15, prompts=1) == 512  # never over the budget
 
 
