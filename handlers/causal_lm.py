@@ -93,9 +93,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_PREFILL_TOKENS = {"cpu": 512, "cuda": 2048}  # tokens one step runs (prefill and decode)
 # prompt tokens one step runs for each prompt in line while sequences decode: on the CPU 32,
-# so that beside four short streams the clock's share (about 50 there) decides; 64 held every
-# chunk of a 1,500-token prompt at 64 and its steps at 2.1-2.6x the streams' (BENCHMARKS.md,
-# issue 47); elsewhere a quarter of prefill_tokens
+# so that beside four short streams the clock's share (about 50 there) decides; 64 was more
+# than that, so every chunk of a 1,500-token prompt beside them was 64 whatever it cost
+# (BENCHMARKS.md, "Night 2026-12-07"); elsewhere a quarter of prefill_tokens
 DEFAULT_STREAM_STEP_TOKENS = {"cpu": 32}
 # ...and at least what makes a step take this many times a step of the decoding sequences
 # alone: beside four short streams about 50, beside fifteen long ones about 200, so a

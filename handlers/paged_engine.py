@@ -483,6 +483,7 @@ class StepClock:
     WEIGHT = 0.25
     DECODING_STEPS = 7
     MIN_PROMPT_TOKENS = 16  # a step of prompts alone with fewer says little about a token
+    MIN_CHUNK = 16  # what a chunk grows twofold from when the last was smaller (or none yet)
 
     def __init__(self, stretch: float, key_share: float = 0.0) -> None:
         self.stretch = stretch
@@ -531,7 +532,7 @@ class StepClock:
             tokens = (math.sqrt(linear * linear + 2 * share * units) - linear) / share
         else:
             tokens = units / linear
-        return max(0, min(int(tokens), 2 * max(self.last_chunk, self.MIN_PROMPT_TOKENS)))
+        return max(0, min(int(tokens), 2 * max(self.last_chunk, self.MIN_CHUNK)))
 
     def _average(self, mean: float | None, sample: float) -> float:
         return sample if mean is None else mean + self.WEIGHT * (sample - mean)
